@@ -1,0 +1,21 @@
+"""tenure: distributed locks and cluster-safe cron.
+
+The public names live here; everything else is an implementation detail.
+"""
+
+from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
+from .locks import Lock, LockService, Outcome, current_lock
+
+__all__ = (
+    "ConfigurationError",
+    "InvalidArgument",
+    "Lock",
+    "LockLost",
+    "LockService",
+    "Outcome",
+    "StoreUnavailable",
+    "TenureError",
+    "current_lock",
+)
+
+__version__ = "0.1.0"

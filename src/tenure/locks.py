@@ -1,0 +1,380 @@
+"""LockService, Lock, Outcome and current_lock: the lock API, with no store-specific code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import functools
+import inspect
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import _validate
+from .errors import LockLost, TenureError
+from .renewer import LeaseState, Renewer, renew_interval, safety_margin
+from .stores import from_url as store_from_url
+from .stores.base import Store
+
+__all__ = ("Lock", "LockService", "Outcome", "current_lock")
+
+log = logging.getLogger("tenure")
+
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[Lock | None] = contextvars.ContextVar(
+    "tenure_current_lock", default=None
+)
+
+
+class Outcome(enum.StrEnum):
+    """What ``run_exclusively`` did."""
+
+    RAN = "ran"
+    SKIPPED = "skipped"
+
+
+def current_lock() -> Lock:
+    """The lock of the innermost ``run_exclusively`` running this code.
+
+    Works in the function itself, in tasks it starts, and in the worker thread
+    of a plain function. Raises TenureError anywhere else.
+    """
+    lock = _current.get()
+    if lock is None:
+        raise TenureError("current_lock() was called outside run_exclusively")
+    return lock
+
+
+def _holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+async def _shielded(awaitable: Awaitable[T]) -> T:
+    """Await to completion even if the caller is cancelled meanwhile, then re-raise that."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError as exc:
+            if task.done():
+                raise
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    return result
+
+
+class Lock:
+    """One grant of a named lock. Obtained from ``LockService.acquire``.
+
+    ``token`` is the secret that proves ownership to the store; it never
+    appears in ``repr`` or in logs. ``fencing_token`` strictly increases with
+    every grant of the name: pass it to resources that can reject stale writers.
+    """
+
+    __slots__ = ("__weakref__", "_service", "_state", "fencing_token", "name")
+
+    def __init__(self, service: LockService, state: LeaseState, fencing_token: int) -> None:
+        self._service = service
+        self._state = state
+        self.name = state.name
+        self.fencing_token = fencing_token
+
+    @property
+    def token(self) -> str:
+        """The secret token minted at acquire (128 random bits, hex). Never log it."""
+        return self._state.token
+
+    @property
+    def ttl(self) -> float:
+        return self._state.ttl
+
+    @property
+    def held(self) -> bool:
+        """True while the grant is valid by its local deadline: computed at each read."""
+        return self._state.alive()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock was lost (rather than released)."""
+        self._state.alive()
+        return self._state.lost_reason is not None
+
+    @property
+    def lost_reason(self) -> str | None:
+        self._state.alive()
+        return self._state.lost_reason
+
+    async def release(self) -> bool:
+        """Give the lock back. True only when it was still valid, locally and in the store.
+
+        After a loss it still removes the grant if the store has it, and returns
+        False. Releasing twice returns False the second time and sends nothing.
+        Raises StoreUnavailable if the store cannot be reached; the lease then
+        lapses by itself within its TTL.
+        """
+        state = self._state
+        if state.released:
+            return False
+        was_held = state.mark_released()
+        self._service._forget(self)
+        in_store = await self._service.store.release(self.name, state.token)
+        return was_held and in_store
+
+    async def wait_lost(self) -> None:
+        """Return as soon as the lock is no longer held: lost, or released."""
+        state = self._state
+        loop = asyncio.get_running_loop()
+        while True:
+            future: asyncio.Future[None] = loop.create_future()
+            waiter = (loop, future)
+            remaining = state.add_waiter(waiter)
+            if remaining is None:
+                return
+            try:
+                await asyncio.wait_for(future, max(remaining, 0.0))
+            except TimeoutError:
+                pass
+            finally:
+                state.remove_waiter(waiter)
+
+    async def __aenter__(self) -> Lock:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await _shielded(self._service._release_quietly(self))
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else ("lost" if self.lost else "released")
+        return f"<Lock {self.name!r} fencing_token={self.fencing_token} {state}>"
+
+
+class LockService:
+    """Acquires named locks from one store and keeps them renewed.
+
+    ``async with LockService.from_url(url) as locks:`` starts the renewer and,
+    on exit, releases every lock still held and closes the store. The renewer
+    also starts by itself at the first acquire. A service made from a URL owns
+    its store; a store passed to the constructor stays the caller's to close.
+    """
+
+    def __init__(self, store: Store, *, holder: str | None = None) -> None:
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"LockService needs a tenure Store, got {type(store).__name__}; "
+                "use LockService.from_url(url) to open one from a URL"
+            )
+        self.store = store
+        self.holder = holder if holder is not None else _holder_id()
+        self._owns_store = False
+        self._renewer = Renewer(store)
+        self._held: set[Lock] = set()
+        self._closed = False
+        self._start_guard = threading.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    def from_url(cls, url: str, *, holder: str | None = None) -> LockService:
+        """A service on the store a URL names; see ``tenure.stores`` for the schemes."""
+        service = cls(store_from_url(url), holder=holder)
+        service._owns_store = True
+        return service
+
+    @property
+    def renewer(self) -> Renewer:
+        return self._renewer
+
+    async def __aenter__(self) -> LockService:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await _shielded(self.close())
+
+    def start(self) -> None:
+        """Start the renewer thread (idempotent)."""
+        if self._closed:
+            raise TenureError("this LockService is closed; make a new one")
+        with self._start_guard:
+            self._renewer.start()
+
+    async def close(self) -> None:
+        """Release every lock still held, stop the renewer, close an owned store."""
+        if self._closed:
+            return
+        self._closed = True
+        for lock in list(self._held):
+            await self._release_quietly(lock)
+        await asyncio.to_thread(self._renewer.stop)
+        if self._owns_store:
+            await self.store.aclose()
+
+    def _forget(self, lock: Lock) -> None:
+        self._held.discard(lock)
+
+    async def _release_quietly(self, lock: Lock) -> bool:
+        """Release in a cleanup path: a store failure is logged, not raised."""
+        try:
+            return await lock.release()
+        except TenureError as exc:
+            log.warning(
+                "releasing lock %r failed; it lapses by itself within %.1f s: %s",
+                lock.name, lock.ttl, exc,
+            )
+            return False
+
+    async def acquire(
+        self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0
+    ) -> Lock | None:
+        """The lock ``name``, or None when it is held elsewhere.
+
+        Returns at once on contention unless ``wait`` is given: then it waits up
+        to ``wait`` seconds (``math.inf``: without limit), woken by the release
+        itself or by the holder's lease running out. Raises StoreUnavailable when
+        the store cannot be reached; it never returns a lock it does not have.
+        """
+        _validate.check_name(name)
+        ttl = _validate.check_ttl(ttl)
+        wait = _validate.check_wait(wait)
+        if self._closed:
+            raise TenureError("this LockService is closed; make a new one")
+        if not self._renewer.running:
+            self.start()
+        lock = await self._try_acquire(name, ttl)
+        if lock is not None or wait == 0:
+            return lock
+        deadline = time.monotonic() + wait
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self.store.wait_released(name, min(remaining, 3600.0))
+            lock = await self._try_acquire(name, ttl)
+            if lock is not None:
+                return lock
+
+    async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
+        token = secrets.token_hex(16)
+        sent = time.monotonic()
+        try:
+            grant = await self.store.acquire(name, token, ttl, self.holder)
+        except asyncio.CancelledError:
+            # The store may have granted it before we stopped listening; the
+            # token is ours alone, so releasing it is safe either way.
+            task = asyncio.ensure_future(self.store.release(name, token))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(_ignore_result)
+            raise
+        if grant is None:
+            return None
+        state = LeaseState(
+            name=name, token=token, ttl=ttl,
+            deadline=sent + ttl - safety_margin(ttl),
+            renew_at=sent + renew_interval(ttl),
+            guard=threading.Lock(),
+        )
+        lock = Lock(self, state, grant.fencing_token)
+        self._held.add(lock)
+        self._renewer.add(state)
+        return lock
+
+    async def run_exclusively(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        ttl: float = _validate.DEFAULT_TTL,
+        **kwargs: Any,
+    ) -> Outcome:
+        """Run ``fn(*args, **kwargs)`` under the lock ``name``, or skip if it is held.
+
+        Returns Outcome.RAN after ``fn`` completed (an exception from ``fn``
+        propagates after the release) and Outcome.SKIPPED, without calling
+        ``fn``, on contention. If the lock is lost while an async ``fn`` runs,
+        ``fn`` is cancelled and LockLost is raised. A plain function runs in a
+        worker thread, which cannot be cancelled: LockLost is raised when it
+        returns, and ``current_lock().held`` lets it check as it goes.
+        """
+        if not callable(fn):
+            raise _validate.InvalidArgument(f"fn must be callable, got {fn!r}")
+        lock = await self.acquire(name, ttl=ttl)
+        if lock is None:
+            log.debug("run_exclusively(%r): held elsewhere, skipped", name)
+            return Outcome.SKIPPED
+        reset = _current.set(lock)
+        try:
+            if _is_async(fn):
+                await self._run_async(lock, fn, args, kwargs)
+            else:
+                await self._run_sync(lock, fn, args, kwargs)
+        finally:
+            _current.reset(reset)
+            await _shielded(self._release_quietly(lock))
+        return Outcome.RAN
+
+    async def _run_async(
+        self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        work = asyncio.ensure_future(fn(*args, **kwargs))
+        lost = asyncio.ensure_future(lock.wait_lost())
+        try:
+            await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            lost.cancel()
+            await asyncio.gather(work, lost, return_exceptions=True)
+            raise
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise LockLost(lock.name, lock.lost_reason or "lost")
+        lost.cancel()
+        await asyncio.gather(lost, return_exceptions=True)
+        work.result()
+        if lock.lost:
+            raise LockLost(lock.name, lock.lost_reason or "lost")
+
+    async def _run_sync(
+        self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        # The thread cannot be stopped, so the lock stays held (and renewed)
+        # until it returns, even if this coroutine is cancelled meanwhile.
+        call = functools.partial(fn, *args, **kwargs)
+        try:
+            await _shielded(asyncio.to_thread(call))
+        except Exception as exc:
+            if lock.lost:
+                raise LockLost(lock.name, lock.lost_reason or "lost") from exc
+            raise
+        if lock.lost:
+            raise LockLost(lock.name, lock.lost_reason or "lost")
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ makes an async callable
+    )
+
+
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("releasing an abandoned acquire failed: %s", task.exception())

@@ -1,0 +1,316 @@
+"""The one renewer of a LockService: due times, batching, local deadlines, loss.
+
+Every lock a service holds is a :class:`LeaseState` registered here. The
+renewer runs on a thread of its own, with its own event loop and its own store
+connection (``store.sibling()``), so a busy or blocked application loop cannot
+starve it. It keeps the leases in a heap ordered by their next renewal time
+and, when the earliest is due, renews in one store call every lease due within
+a third of that lease's renewal interval: leases acquired at different moments
+fall into a few cohorts, so 10,000 locks cost a handful of round trips per
+interval rather than 10,000.
+
+Local deadline
+--------------
+A lease's deadline is the monotonic time at which the acquire or renewal that
+last succeeded was *sent*, plus its TTL, minus a safety margin
+(:func:`safety_margin`). The store set the lease's expiry no earlier than that
+send, so while the local deadline has not passed the store still has the
+lease, whatever became of the network since. ``held`` compares against the
+deadline each time it is read, and the first reader past it marks the lease
+lost; nothing depends on this thread being scheduled in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .stores.base import RenewItem, Store
+
+__all__ = ("LeaseState", "Renewer", "safety_margin")
+
+log = logging.getLogger("tenure.renewer")
+
+MAX_BATCH = 2500
+"""Leases per store call: large enough that 10,000 locks take four calls, small
+enough that one call's request and reply stay well under a megabyte."""
+
+LOST_BY_DEADLINE = "no renewal was confirmed before the lock's local deadline"
+LOST_BY_STORE = "the store no longer has this lock's token (it expired or was taken over)"
+
+
+def safety_margin(ttl: float) -> float:
+    """How much earlier than the store's expiry a holder stops trusting its lease.
+
+    A tenth of the TTL, at most two seconds: room for the store's clock to run
+    a little faster than ours and for a reply that arrives late.
+    """
+    return min(ttl * 0.1, 2.0)
+
+
+def renew_interval(ttl: float) -> float:
+    return ttl / 3
+
+
+def retry_delay(ttl: float) -> float:
+    """Pause before retrying a renewal that failed to reach the store."""
+    return max(0.05, min(ttl / 12, 1.0))
+
+
+_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+
+@dataclass(eq=False, slots=True)
+class LeaseState:
+    """What the holder and the renewer share about one grant."""
+
+    name: str
+    token: str
+    ttl: float
+    deadline: float
+    guard: threading.Lock
+    renew_at: float = 0.0
+    released: bool = False
+    lost_reason: str | None = None
+    waiters: list[_Waiter] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        """Held right now. Marks the lease lost when its deadline has passed."""
+        if self.released or self.lost_reason is not None:
+            return False
+        if time.monotonic() < self.deadline:
+            return True
+        with self.guard:
+            self._lose_locked(LOST_BY_DEADLINE)
+        return False
+
+    def lose(self, reason: str) -> None:
+        with self.guard:
+            self._lose_locked(reason)
+
+    def _lose_locked(self, reason: str) -> None:
+        if self.released or self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        log.warning("lock %r lost: %s", self.name, reason)
+        self._wake_locked()
+
+    def mark_released(self) -> bool:
+        """Stop renewing. Returns whether the lease was still held locally."""
+        with self.guard:
+            if self.released:
+                return False
+            was_held = self.lost_reason is None and time.monotonic() < self.deadline
+            if not was_held and self.lost_reason is None:
+                self.lost_reason = LOST_BY_DEADLINE
+            self.released = True
+            self._wake_locked()
+            return was_held
+
+    def extend(self, sent: float) -> None:
+        """Record a renewal that was sent at ``sent`` and confirmed."""
+        with self.guard:
+            if self.released or self.lost_reason is not None:
+                return
+            if time.monotonic() >= self.deadline:
+                # Confirmed too late: someone may already have seen it lost, and
+                # a lost lock never comes back.
+                self._lose_locked(LOST_BY_DEADLINE)
+                return
+            self.deadline = sent + self.ttl - safety_margin(self.ttl)
+            self.renew_at = sent + renew_interval(self.ttl)
+
+    def add_waiter(self, waiter: _Waiter) -> float | None:
+        """Register a loss waiter; returns seconds to the deadline, None if not held."""
+        if not self.alive():
+            return None
+        with self.guard:
+            if self.released or self.lost_reason is not None:
+                return None
+            self.waiters.append(waiter)
+            return self.deadline - time.monotonic()
+
+    def remove_waiter(self, waiter: _Waiter) -> None:
+        with self.guard:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+
+    def _wake_locked(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # the waiter's loop is closed
+                pass
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Renewer:
+    """Renews every lease of one service from a thread of its own."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._guard = threading.Lock()
+        self._heap: list[tuple[float, int, LeaseState]] = []
+        self._seq = itertools.count()
+        self._next_wake = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self.round_trips = 0
+        """Store calls made so far (for benchmarks and diagnostics)."""
+        self.on_round_trip: Callable[[int], None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._thread_main, name="tenure-renewer",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            error, self._startup_error = self._startup_error, None
+            self._thread.join()
+            self._thread = None
+            raise error
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it; leases still registered stop being renewed."""
+        thread = self._thread
+        if thread is None:
+            return
+        loop = self._loop
+        self._stopping = True
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._poke)
+            except RuntimeError:
+                pass
+        thread.join()
+        self._thread = None
+
+    def add(self, state: LeaseState) -> None:
+        """Start renewing ``state``; safe from any thread."""
+        with self._guard:
+            heapq.heappush(self._heap, (state.renew_at, next(self._seq), state))
+            poke = state.renew_at < self._next_wake
+            if poke:
+                self._next_wake = state.renew_at
+        if poke and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._poke)
+            except RuntimeError:
+                pass
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # pragma: no cover - only a bug ends up here
+            if not self._ready.is_set():
+                self._startup_error = exc
+                self._ready.set()
+            else:
+                log.exception("the tenure renewer stopped unexpectedly")
+
+    async def _main(self) -> None:
+        try:
+            store = self._store.sibling()
+        except BaseException as exc:
+            self._startup_error = exc
+            self._ready.set()
+            return
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._run(store)
+        finally:
+            if store is not self._store:
+                await store.aclose()
+
+    def _take_due(self, now: float) -> tuple[list[LeaseState], float]:
+        """Pop the batch that is due, or return none and the time to wake up."""
+        batch: list[LeaseState] = []
+        with self._guard:
+            heap = self._heap
+            while heap and (heap[0][2].released or heap[0][2].lost_reason is not None):
+                heapq.heappop(heap)
+            if not heap or heap[0][0] > now:
+                self._next_wake = heap[0][0] if heap else math.inf
+                assert self._wake is not None
+                self._wake.clear()
+                return batch, self._next_wake
+            horizon = now + renew_interval(heap[0][2].ttl) / 3
+            while heap and heap[0][0] <= horizon and len(batch) < MAX_BATCH:
+                state = heapq.heappop(heap)[2]
+                if not state.released and state.lost_reason is None:
+                    batch.append(state)
+            # Busy with this batch: no need to be poked; we look again right after.
+            self._next_wake = -math.inf
+        return batch, now
+
+    def _push(self, states: list[LeaseState]) -> None:
+        with self._guard:
+            for state in states:
+                if not state.released and state.lost_reason is None:
+                    heapq.heappush(self._heap, (state.renew_at, next(self._seq), state))
+
+    async def _run(self, store: Store) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            now = time.monotonic()
+            batch, wake_at = self._take_due(now)
+            if not batch:
+                timeout = None if math.isinf(wake_at) else max(0.0, wake_at - now)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                continue
+            await self._renew(store, batch)
+            self._push(batch)
+
+    async def _renew(self, store: Store, batch: list[LeaseState]) -> None:
+        sent = time.monotonic()
+        # Never wait on the store past the earliest deadline in the batch: by
+        # then that lease is lost whatever the answer.
+        budget = max(0.05, min(state.deadline for state in batch) - sent)
+        items = [RenewItem(state.name, state.token, state.ttl) for state in batch]
+        self.round_trips += 1
+        try:
+            results = await asyncio.wait_for(store.renew(items), budget)
+        except Exception as exc:  # every failure is retried the same way, until the deadline
+            log.warning("renewing %d lock(s) failed, retrying: %s", len(batch), exc)
+            now = time.monotonic()
+            for state in batch:
+                if not state.alive():
+                    continue
+                state.renew_at = min(now + retry_delay(state.ttl), state.deadline)
+            return
+        for state, ok in zip(batch, results, strict=True):
+            if ok:
+                state.extend(sent)
+            else:
+                state.lose(LOST_BY_STORE)

@@ -1,0 +1,60 @@
+"""Stores, chosen by URL scheme.
+
+The registry maps a scheme to ``"module:Class"``; a store's module (and so its
+driver) is imported only when a URL with its scheme is opened, so the core
+imports cleanly with no optional driver installed. Each store class offers
+``from_url(url)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from .base import Grant, LeaseInfo, RenewItem, Store
+
+__all__ = ("Grant", "LeaseInfo", "RenewItem", "Store", "from_url", "known_schemes")
+
+# scheme -> (module, class, the extra that installs its driver or None)
+_REGISTRY: dict[str, tuple[str, str, str | None]] = {
+    "memory": ("tenure.stores.memory", "MemoryStore", None),
+    "sqlite": ("tenure.stores.sqlite", "SQLiteStore", None),
+}
+
+
+def known_schemes() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def _mask(url: str) -> str:
+    """The URL with any password replaced, safe to put in a message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+
+
+def from_url(url: str) -> Store:
+    """Open the store a URL names. Raises ConfigurationError for a bad URL."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a store URL must be a str, got {type(url).__name__}")
+    scheme = urlsplit(url).scheme.lower() if ":" in url else ""
+    entry = _REGISTRY.get(scheme)
+    if entry is None:
+        raise ConfigurationError(
+            f"unknown store URL scheme {scheme!r} in {_mask(url)!r}; "
+            f"known schemes: {', '.join(known_schemes())}"
+        )
+    module_name, class_name, extra = entry
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the {scheme!r} store needs a driver that is not installed ({exc.name}); "
+            f"install it with: pip install 'tenure[{extra}]'"
+        ) from exc
+    store_class: type[Store] = getattr(module, class_name)
+    return store_class.from_url(url)

@@ -1,0 +1,141 @@
+"""The store contract: the one place that says what every store must do.
+
+A store keeps leases. A lease is a name held under a secret token until an
+expiry that the *store's* clock decides (Redis ``PX``, SQL server time, the
+host's monotonic clock for SQLite); a client never compares timestamps that
+other hosts wrote. Everything above this module (``LockService``, the renewer,
+the scheduler) is written against this contract only.
+
+Rules every implementation follows:
+
+* Each operation is one atomic step in the store: one script, one statement,
+  one transaction. Acquire, release and a whole renewal batch are each a single
+  round trip on a networked store.
+* Renewal and release are compare-and-set on ``(name, token)``. A token that is
+  no longer the current one changes nothing.
+* Fencing tokens strictly increase per name across releases, expiries, pruning
+  and, where the store is durable, restarts.
+* Driver and I/O errors surface as :class:`~tenure.errors.StoreUnavailable`
+  with the driver's exception as ``__cause__``; contention is never an error.
+* Methods are coroutines. A store may be used from more than one thread, each
+  with its own event loop (the renewer runs on a thread of its own): it keeps
+  a connection per thread or per loop, or returns an independent copy of itself
+  from :meth:`Store.sibling`.
+* Tokens are secrets: a store never logs them and never returns them from
+  :meth:`Store.holders`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = ("Grant", "LeaseInfo", "RenewItem", "Store")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A successful acquisition."""
+
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class RenewItem:
+    """One lease of a renewal batch."""
+
+    name: str
+    token: str
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """What an operator may see of a held lease: never its token."""
+
+    name: str
+    holder: str
+    fencing_token: int
+    expires_in: float
+    """Seconds until the lease expires unless renewed, by the store's clock."""
+
+
+class Store(ABC):
+    """A place where leases live. See the module docstring for the rules."""
+
+    scheme: ClassVar[str]
+    """The URL scheme this store is registered under."""
+
+    cross_process: ClassVar[bool] = True
+    """False for stores that only work inside one process (memory)."""
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: str) -> Store:
+        """The store a URL of this scheme names; ConfigurationError when it is bad.
+
+        Checks what it can without waiting on the network (the URL's form, its
+        options, a local file), so that misconfiguration fails at start-up.
+        """
+
+    @abstractmethod
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        """Grant ``name`` to ``token`` for ``ttl`` seconds if it is free or expired.
+
+        Atomic: either the lease is created (or an expired one taken over) with a
+        fencing token greater than every earlier grant of ``name``, and a Grant is
+        returned, or nothing changes and None is returned because a live lease
+        exists. ``holder`` is a display id for operators (``host:pid:id``).
+        """
+
+    @abstractmethod
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        """Extend every lease of ``batch`` whose token is still current and unexpired.
+
+        The whole batch is one round trip. Each lease's new expiry is its own
+        ``ttl`` from the store's now. Returns one bool per item, in order: True
+        when extended, False when the token is gone or the lease had expired (a
+        lapsed lease is never revived). Raises StoreUnavailable when the store
+        cannot be reached; then nothing is known about any item.
+        """
+
+    @abstractmethod
+    async def release(self, name: str, token: str) -> bool:
+        """Delete the lease of ``name`` if ``token`` is still its token; wake waiters.
+
+        Compare-and-set: a token that is not the current one changes nothing
+        and returns False. A lease that is still ``token``'s but already
+        expired is removed too, and False is returned: the grant was no longer
+        valid. True only when a live lease held by ``token`` was released.
+        """
+
+    @abstractmethod
+    async def wait_released(self, name: str, timeout: float) -> None:
+        """Return when ``name`` may have become free, or after ``timeout`` seconds.
+
+        Woken by a release (a notification, not a poll) and by the expiry of
+        the current lease. May return early or spuriously: the caller retries
+        acquire and calls again. ``timeout`` is finite and positive.
+        """
+
+    @abstractmethod
+    async def holders(self, prefix: str = "") -> list[LeaseInfo]:
+        """The live leases whose names start with ``prefix``, sorted by name."""
+
+    def sibling(self) -> Store:
+        """A store for another thread's event loop, sharing this one's data.
+
+        The renewer calls this once and closes what it gets back when that is
+        not ``self``. The default returns ``self``, for stores that are safe to
+        call from any thread's loop.
+        """
+        return self
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
+        """Close connections. The store must not be used afterwards."""
+
+    def describe(self) -> str:
+        """The store's URL with any password masked, for messages and logs."""
+        return f"{self.scheme}://"

@@ -1,0 +1,152 @@
+"""The memory store: leases in a dict, for one process.
+
+``memory://NAME`` gives every service in the process that names the same
+store the same leases (``memory://`` alone is the store named ``default``).
+Nothing crosses a process boundary and nothing survives the process: use it
+for tests and for code that only needs exclusivity between the tasks and
+threads of one program. Expiry uses ``time.monotonic()``; fencing tokens
+strictly increase per name for the life of the process.
+
+It is thread-safe: one mutex guards the data, and waiters on any thread's
+event loop are woken through that loop's ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from .base import Grant, LeaseInfo, RenewItem, Store
+
+__all__ = ("MemoryStore",)
+
+
+@dataclass(slots=True)
+class _Lease:
+    token: str
+    holder: str
+    fence: int
+    expires: float
+
+
+_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+
+class MemoryStore(Store):
+    """Leases in this process's memory. See the module docstring."""
+
+    scheme: ClassVar[str] = "memory"
+    cross_process: ClassVar[bool] = False
+
+    _named: ClassVar[dict[str, MemoryStore]] = {}
+    _named_guard: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+        self._mutex = threading.Lock()
+        self._leases: dict[str, _Lease] = {}
+        self._fences: dict[str, int] = {}
+        self._waiters: dict[str, list[_Waiter]] = {}
+
+    @classmethod
+    def named(cls, name: str) -> MemoryStore:
+        """The process-wide store called ``name``, created on first use."""
+        with cls._named_guard:
+            store = cls._named.get(name)
+            if store is None:
+                store = cls._named[name] = cls(name)
+            return store
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStore:
+        parts = urlsplit(url)
+        if parts.query or parts.path not in ("", "/"):
+            raise ConfigurationError(
+                f"memory store URL {url!r} takes only a name: 'memory://' or 'memory://NAME'"
+            )
+        return cls.named(parts.netloc or "default")
+
+    def describe(self) -> str:
+        return f"memory://{self.name}"
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        now = time.monotonic()
+        with self._mutex:
+            lease = self._leases.get(name)
+            if lease is not None and lease.expires > now:
+                return None
+            fence = self._fences.get(name, 0) + 1
+            self._fences[name] = fence
+            self._leases[name] = _Lease(token, holder, fence, now + ttl)
+        return Grant(fence)
+
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        now = time.monotonic()
+        results: list[bool] = []
+        with self._mutex:
+            for item in batch:
+                lease = self._leases.get(item.name)
+                ok = lease is not None and lease.token == item.token and lease.expires > now
+                if ok:
+                    assert lease is not None
+                    lease.expires = now + item.ttl
+                results.append(ok)
+        return results
+
+    async def release(self, name: str, token: str) -> bool:
+        now = time.monotonic()
+        with self._mutex:
+            lease = self._leases.get(name)
+            if lease is None or lease.token != token:
+                return False
+            del self._leases[name]
+            waiters = self._waiters.pop(name, [])
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, future)
+            except RuntimeError:  # that waiter's loop has closed
+                pass
+        return lease.expires > now
+
+    async def wait_released(self, name: str, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        entry: _Waiter = (loop, future)
+        with self._mutex:
+            lease = self._leases.get(name)
+            if lease is None:
+                return
+            timeout = min(timeout, max(0.0, lease.expires - time.monotonic()))
+            self._waiters.setdefault(name, []).append(entry)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with self._mutex:
+                waiting = self._waiters.get(name)
+                if waiting is not None and entry in waiting:
+                    waiting.remove(entry)
+                    if not waiting:
+                        del self._waiters[name]
+
+    async def holders(self, prefix: str = "") -> list[LeaseInfo]:
+        now = time.monotonic()
+        with self._mutex:
+            return [
+                LeaseInfo(name, lease.holder, lease.fence, lease.expires - now)
+                for name, lease in sorted(self._leases.items())
+                if name.startswith(prefix) and lease.expires > now
+            ]
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+

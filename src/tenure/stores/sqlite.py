@@ -1,0 +1,419 @@
+"""The SQLite store: the embedded default, for the processes of one host.
+
+URL forms::
+
+    sqlite:///var/lib/myapp/tenure.db     absolute path (three slashes, then the path)
+    sqlite:tenure.db                      relative to the working directory
+    sqlite:///tmp/x.db?prefix=myapp&busy_timeout=5&synchronous=full
+
+Options: ``prefix`` names the tables (``<prefix>_leases`` ...; default
+``tenure``), ``busy_timeout`` is how long, in seconds, a statement waits for
+another process's write (default 2), ``synchronous`` is ``normal`` (default)
+or ``full``.
+
+How it stays correct
+--------------------
+* **One statement per operation.** Acquire is an ``INSERT ... ON CONFLICT DO
+  UPDATE ... WHERE expired ... RETURNING``; release and renewal are
+  ``UPDATE ... WHERE token = ?``. A single write statement in autocommit mode
+  takes SQLite's write lock before it reads, so each is atomic across
+  processes, like ``BEGIN IMMEDIATE``. The database runs in WAL mode.
+* **Expiry by the host's monotonic clock.** Expiry times are
+  ``CLOCK_MONOTONIC`` nanoseconds, which every process on a Linux host (and
+  every container sharing its kernel) reads alike and which no wall-clock
+  step (NTP, ``date -s``) moves. Monotonic time restarts at boot, so the
+  database records the kernel's boot id; the first process to open it after a
+  reboot clears the leases of the previous boot, whose holders are all gone.
+  This is also why one database file must never be shared between hosts
+  (over NFS, say): their clocks are unrelated. Use Redis or PostgreSQL there.
+* **Fencing tokens** live in the lease row, which a release keeps (only its
+  token is cleared); pruning a row first raises a database-wide floor above its
+  fencing token, so a name never gets a token it had before, across releases,
+  expiries, pruning and restarts of every process.
+* **Durability.** ``synchronous=normal`` in WAL mode never corrupts the file,
+  but a power loss or kernel crash may lose the last transactions, so fencing
+  tokens handed out just before it can be handed out again after the reboot.
+  Every process holding them died in the same crash; only a fenced resource on
+  another machine that saw such a token could then reject the new holder's
+  equal token. Use ``synchronous=full`` (one fsync per grant) when fenced
+  resources live off this host.
+* **Waiters are notified.** A waiter binds a unix datagram socket in Linux's
+  abstract namespace and registers it in ``<prefix>_waiters``; the release
+  statement returns the registered addresses and the releaser sends each one a
+  datagram. A waiter also wakes when the current lease expires. On systems
+  without abstract sockets, waiters poll every 10 ms instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlsplit
+
+from ..errors import ConfigurationError, StoreUnavailable
+from .base import Grant, LeaseInfo, RenewItem, Store
+
+__all__ = ("SQLiteStore",)
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x74656E75  # "tenu": marks a database file that tenure created
+_PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
+_ABSTRACT_SOCKETS = sys.platform.startswith("linux")
+_POLL_FALLBACK = 0.010
+_FAR_FUTURE_NS = 2**62
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        # Without a kernel boot id, the wall-clock time of boot identifies it;
+        # rounded to a minute so that ordinary clock adjustments do not change it.
+        return f"boot@{round((time.time() - time.monotonic()) / 60)}"
+
+
+class SQLiteStore(Store):
+    """Leases in a SQLite database file. See the module docstring."""
+
+    scheme: ClassVar[str] = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str = "tenure",
+        busy_timeout: float = 2.0,
+        synchronous: str = "normal",
+    ) -> None:
+        if not _PREFIX_RE.match(prefix):
+            raise ConfigurationError(
+                f"SQLite table prefix {prefix!r} is not a plain identifier "
+                "(letters, digits and _, starting with a letter or _, at most 40 characters)"
+            )
+        if not (0 < busy_timeout <= 3600):
+            raise ConfigurationError(
+                f"busy_timeout must be between 0 and 3600 seconds, got {busy_timeout!r}"
+            )
+        if synchronous.lower() not in ("normal", "full"):
+            raise ConfigurationError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
+        self.path = Path(path)
+        self.prefix = prefix
+        self.busy_timeout = busy_timeout
+        self.synchronous = synchronous.upper()
+        self._check_path()
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_guard = threading.Lock()
+        self._sender: socket.socket | None = None
+        self._closed = False
+        p = prefix
+        self._sql_acquire = (
+            f"INSERT INTO {p}_leases (name, token, holder, fence, expires, acquired) "
+            f"VALUES (?1, ?2, ?3, (SELECT value FROM {p}_meta WHERE key = 'fence_floor') + 1,"
+            " ?4 + ?5, ?6) "
+            "ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder,"
+            f" fence = {p}_leases.fence + 1, expires = excluded.expires,"
+            " acquired = excluded.acquired "
+            f"WHERE {p}_leases.token IS NULL OR {p}_leases.expires <= ?4 "
+            "RETURNING fence"
+        )
+        # Two shapes of release: the live one (the common case, one statement)
+        # and, only when that matched nothing, the cleanup of our own lapsed row.
+        waiters = f"(SELECT group_concat(addr, ' ') FROM {p}_waiters WHERE name = ?1)"
+        self._sql_release = (
+            f"UPDATE {p}_leases SET token = NULL, holder = NULL, expires = 0 "
+            f"WHERE name = ?1 AND token = ?2 AND expires > ?3 RETURNING {waiters}"
+        )
+        self._sql_release_lapsed = (
+            f"UPDATE {p}_leases SET token = NULL, holder = NULL, expires = 0 "
+            f"WHERE name = ?1 AND token = ?2 RETURNING {waiters}"
+        )
+        self._sql_renew = (
+            f"UPDATE {p}_leases SET expires = ?1 + b.ttl FROM "
+            "(SELECT value ->> 0 AS n, value ->> 1 AS t, value ->> 2 AS ttl"
+            " FROM json_each(?2)) AS b "
+            f"WHERE {p}_leases.name = b.n AND {p}_leases.token = b.t"
+            f" AND {p}_leases.expires > ?1 "
+            f"RETURNING {p}_leases.name, {p}_leases.token"
+        )
+        self._sql_wait = (
+            f"INSERT OR REPLACE INTO {p}_waiters (addr, name, until) VALUES (?1, ?2, ?3) "
+            f"RETURNING (SELECT expires FROM {p}_leases WHERE name = ?2 AND token IS NOT NULL)"
+        )
+        self._sql_unwait = f"DELETE FROM {p}_waiters WHERE addr = ?1"
+        self._sql_holders = (
+            f"SELECT name, holder, fence, expires FROM {p}_leases "
+            "WHERE token IS NOT NULL AND expires > ?1 AND substr(name, 1, length(?2)) = ?2 "
+            "ORDER BY name"
+        )
+        # Open once now, so that a bad path or a foreign file fails at
+        # configuration time with a clear message rather than at first use.
+        self._conn()
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        parts = urlsplit(url)
+        if parts.netloc:
+            raise ConfigurationError(
+                f"SQLite URL {url!r} has a host part {parts.netloc!r}; write "
+                "'sqlite:///absolute/path.db' (three slashes) or 'sqlite:relative/path.db'"
+            )
+        if not parts.path or parts.path == "/":
+            raise ConfigurationError(
+                f"SQLite URL {url!r} names no file; write 'sqlite:///absolute/path.db' "
+                "or 'sqlite:relative/path.db'"
+            )
+        options: dict[str, Any] = {}
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key == "prefix":
+                options["prefix"] = value
+            elif key == "busy_timeout":
+                try:
+                    options["busy_timeout"] = float(value)
+                except ValueError:
+                    raise ConfigurationError(
+                        f"busy_timeout must be a number of seconds, got {value!r}"
+                    ) from None
+            elif key == "synchronous":
+                options["synchronous"] = value
+            else:
+                raise ConfigurationError(
+                    f"unknown SQLite URL option {key!r}; known: busy_timeout, prefix, synchronous"
+                )
+        return cls(parts.path, **options)
+
+    def describe(self) -> str:
+        return f"sqlite://{self.path}" if self.path.is_absolute() else f"sqlite:{self.path}"
+
+    def sibling(self) -> SQLiteStore:
+        return SQLiteStore(
+            self.path,
+            prefix=self.prefix,
+            busy_timeout=self.busy_timeout,
+            synchronous=self.synchronous,
+        )
+
+    # -- connections ---------------------------------------------------------
+
+    def _check_path(self) -> None:
+        directory = self.path.parent if str(self.path.parent) else Path(".")
+        if not directory.is_dir():
+            raise ConfigurationError(
+                f"SQLite database {str(self.path)!r}: directory {str(directory)!r} does not exist;"
+                " create it first"
+            )
+        if self.path.is_dir():
+            raise ConfigurationError(f"SQLite database path {str(self.path)!r} is a directory")
+        # SQLite needs to create the -wal and -shm files beside the database.
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ConfigurationError(
+                f"SQLite database {str(self.path)!r}: directory {str(directory)!r} is not "
+                "writable; SQLite needs to create its -wal and -shm files there"
+            )
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise StoreUnavailable(f"the store {self.describe()} is closed")
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise ConfigurationError(
+                f"cannot open SQLite database {str(self.path)!r}: {exc}"
+            ) from exc
+        try:
+            self._prepare(conn)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise StoreUnavailable(
+                    f"SQLite database {str(self.path)!r} stayed locked by another process "
+                    f"for over {self.busy_timeout} s"
+                ) from exc
+            raise ConfigurationError(
+                f"SQLite database {str(self.path)!r} is corrupt or not a database: {exc}"
+            ) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._local.conn = conn
+        with self._all_guard:
+            self._all.append(conn)
+        return conn
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        p = self.prefix
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        if app_id not in (0, APPLICATION_ID):
+            raise ConfigurationError(
+                f"SQLite database {str(self.path)!r} belongs to another application "
+                f"(application_id {app_id:#x}); give tenure a file of its own"
+            )
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise ConfigurationError(
+                f"SQLite database {str(self.path)!r} cannot use WAL mode (got {mode!r}); "
+                "it must be on a local filesystem"
+            )
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        boot = _boot_id()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            tables = {
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            if not tables:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            if f"{p}_meta" in tables:
+                row = conn.execute(
+                    f"SELECT value FROM {p}_meta WHERE key = 'schema_version'"
+                ).fetchone()
+                if row is None or row[0] != SCHEMA_VERSION:
+                    raise ConfigurationError(
+                        f"SQLite database {str(self.path)!r} has tables named {p}_* that tenure "
+                        f"did not create (schema version {row and row[0]!r}, expected "
+                        f"{SCHEMA_VERSION}); use another file or another prefix"
+                    )
+            else:
+                conn.execute(f"CREATE TABLE {p}_meta (key TEXT PRIMARY KEY, value ANY) STRICT")
+                conn.execute(
+                    f"CREATE TABLE {p}_leases (name TEXT PRIMARY KEY, token TEXT, holder TEXT,"
+                    " fence INTEGER NOT NULL, expires INTEGER NOT NULL, acquired REAL) STRICT"
+                )
+                conn.execute(
+                    f"CREATE TABLE {p}_waiters (addr TEXT PRIMARY KEY, name TEXT NOT NULL,"
+                    " until INTEGER NOT NULL) STRICT"
+                )
+                conn.execute(f"CREATE INDEX {p}_waiters_name ON {p}_waiters (name)")
+                conn.executemany(
+                    f"INSERT INTO {p}_meta (key, value) VALUES (?, ?)",
+                    [("schema_version", SCHEMA_VERSION), ("fence_floor", 0), ("boot_id", boot)],
+                )
+            row = conn.execute(f"SELECT value FROM {p}_meta WHERE key = 'boot_id'").fetchone()
+            if row is None or row[0] != boot:
+                # Every holder of the previous boot is gone, and its monotonic
+                # expiry times mean nothing on this boot's clock.
+                conn.execute(
+                    f"UPDATE {p}_leases SET token = NULL, holder = NULL, expires = 0"
+                    " WHERE token IS NOT NULL"
+                )
+                conn.execute(f"DELETE FROM {p}_waiters")
+                conn.execute(
+                    f"INSERT OR REPLACE INTO {p}_meta (key, value) VALUES ('boot_id', ?)", (boot,)
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _run(self, sql: str, params: Sequence[object]) -> list[Any]:
+        try:
+            return self._conn().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(
+                f"SQLite database {str(self.path)!r} failed: {exc}"
+            ) from exc
+
+    # -- the contract --------------------------------------------------------
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        rows = self._run(
+            self._sql_acquire,
+            (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time()),
+        )
+        return Grant(rows[0][0]) if rows else None
+
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        if not batch:
+            return []
+        payload = json.dumps([[item.name, item.token, int(item.ttl * 1e9)] for item in batch])
+        rows = self._run(self._sql_renew, (time.monotonic_ns(), payload))
+        renewed = {(row[0], row[1]) for row in rows}
+        return [(item.name, item.token) in renewed for item in batch]
+
+    async def release(self, name: str, token: str) -> bool:
+        rows = self._run(self._sql_release, (name, token, time.monotonic_ns()))
+        valid = bool(rows)
+        if not valid:
+            rows = self._run(self._sql_release_lapsed, (name, token))
+        if rows and rows[0][0]:
+            self._notify(rows[0][0].split(" "))
+        return valid
+
+    def _notify(self, addresses: list[str]) -> None:
+        sender = self._sender
+        if sender is None:
+            sender = self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sender.setblocking(False)
+        for address in addresses:
+            try:
+                sender.sendto(b"r", "\0" + address)
+            except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+                # A full buffer already holds a wake-up; a missing socket is a
+                # waiter that died, whose row pruning removes.
+                pass
+            except OSError:
+                pass
+
+    async def wait_released(self, name: str, timeout: float) -> None:
+        if not _ABSTRACT_SOCKETS:
+            await asyncio.sleep(min(timeout, _POLL_FALLBACK))
+            return
+        address = f"tenure-{os.getpid()}-{secrets.token_hex(8)}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.bind("\0" + address)
+            now = time.monotonic_ns()
+            until = now + int(timeout * 1e9) if timeout < 1e9 else _FAR_FUTURE_NS
+            rows = self._run(self._sql_wait, (address, name, until))
+            try:
+                expires = rows[0][0] if rows else None
+                if expires is None or expires <= now:
+                    return
+                timeout = min(timeout, (expires - now) / 1e9)
+                loop = asyncio.get_running_loop()
+                try:
+                    await asyncio.wait_for(loop.sock_recv(sock, 16), timeout)
+                except TimeoutError:
+                    pass
+            finally:
+                self._run(self._sql_unwait, (address,))
+        finally:
+            sock.close()
+
+    async def holders(self, prefix: str = "") -> list[LeaseInfo]:
+        now = time.monotonic_ns()
+        rows = self._run(self._sql_holders, (now, prefix))
+        return [
+            LeaseInfo(name, holder or "", fence, (expires - now) / 1e9)
+            for name, holder, fence, expires in rows
+        ]
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with self._all_guard:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
