@@ -35,8 +35,7 @@ def check_name(name: object, what: str = "lock name") -> str:
     for ch in name:
         if unicodedata.category(ch) in ("Cc", "Cs"):
             raise InvalidArgument(
-                f"{what} {name!r} holds the control character {ch!r}; "
-                "use printable characters only"
+                f"{what} {name!r} holds the control character {ch!r}; use printable characters only"
             )
     return name
 

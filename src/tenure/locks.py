@@ -152,7 +152,9 @@ class Lock:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await _shielded(self._service._release_quietly(self))
@@ -202,7 +204,9 @@ class LockService:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await _shielded(self.close())
@@ -235,7 +239,9 @@ class LockService:
         except TenureError as exc:
             log.warning(
                 "releasing lock %r failed; it lapses by itself within %.1f s: %s",
-                lock.name, lock.ttl, exc,
+                lock.name,
+                lock.ttl,
+                exc,
             )
             return False
 
@@ -285,7 +291,9 @@ class LockService:
         if grant is None:
             return None
         state = LeaseState(
-            name=name, token=token, ttl=ttl,
+            name=name,
+            token=token,
+            ttl=ttl,
             deadline=sent + ttl - safety_margin(ttl),
             renew_at=sent + renew_interval(ttl),
             guard=threading.Lock(),

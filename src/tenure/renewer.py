@@ -182,8 +182,9 @@ class Renewer:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._thread_main, name="tenure-renewer",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._thread_main, name="tenure-renewer", daemon=True
+        )
         self._thread.start()
         self._ready.wait()
         if self._startup_error is not None:

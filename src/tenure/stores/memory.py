@@ -149,4 +149,3 @@ class MemoryStore(Store):
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-

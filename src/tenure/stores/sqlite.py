@@ -230,7 +230,9 @@ class SQLiteStore(Store):
             raise StoreUnavailable(f"the store {self.describe()} is closed")
         try:
             conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None,
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
@@ -327,9 +329,7 @@ class SQLiteStore(Store):
         try:
             return self._conn().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise StoreUnavailable(
-                f"SQLite database {str(self.path)!r} failed: {exc}"
-            ) from exc
+            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
 
     # -- the contract --------------------------------------------------------
 

@@ -1,0 +1,112 @@
+"""Shared fixtures: one store fixture parametrized over every store.
+
+A store joins the whole contract suite by adding an entry to STORES: a
+function that makes a fresh URL for one test, and an outage context manager
+that makes the store unreachable for as long as it is entered (a real fault:
+a lock the store's own connections wait on, not a mock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tenure import LockService
+from tenure.stores import Store
+from tenure.stores.memory import MemoryStore
+from tenure.stores.sqlite import SQLiteStore
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    name: str
+    make_url: Callable[[Path], str]
+    outage: Callable[[Store], AbstractContextManager[None]]
+    cross_process: bool
+
+
+@contextlib.contextmanager
+def _memory_outage(store: Store) -> Iterator[None]:
+    """Hold the memory store's mutex on another thread: every call blocks."""
+    assert isinstance(store, MemoryStore)
+    taken = threading.Event()
+    done = threading.Event()
+
+    def hold() -> None:
+        with store._mutex:
+            taken.set()
+            done.wait()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    taken.wait()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def _sqlite_outage(store: Store) -> Iterator[None]:
+    """Hold an exclusive lock on the database from another connection."""
+    assert isinstance(store, SQLiteStore)
+    conn = sqlite3.connect(store.path, isolation_level=None)
+    conn.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+STORES: dict[str, StoreKind] = {
+    "memory": StoreKind(
+        "memory", lambda tmp: f"memory://test-{uuid.uuid4().hex}", _memory_outage, False
+    ),
+    "sqlite": StoreKind(
+        "sqlite", lambda tmp: f"sqlite://{tmp}/locks.db?busy_timeout=0.1", _sqlite_outage, True
+    ),
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+def kind(request: pytest.FixtureRequest) -> StoreKind:
+    return STORES[request.param]
+
+
+@pytest.fixture(params=sorted(k for k, v in STORES.items() if v.cross_process))
+def shared_kind(request: pytest.FixtureRequest) -> StoreKind:
+    """Only the stores that several processes can share."""
+    return STORES[request.param]
+
+
+@pytest.fixture
+def url(kind: StoreKind, tmp_path: Path) -> str:
+    return kind.make_url(tmp_path)
+
+
+@pytest.fixture
+def shared_url(shared_kind: StoreKind, tmp_path: Path) -> str:
+    return shared_kind.make_url(tmp_path)
+
+
+@pytest.fixture
+async def locks(url: str) -> AsyncIterator[LockService]:
+    async with LockService.from_url(url) as service:
+        yield service
+
+
+@pytest.fixture
+async def other(url: str) -> AsyncIterator[LockService]:
+    """A second service on the same store: another instance of the application."""
+    async with LockService.from_url(url) as service:
+        yield service

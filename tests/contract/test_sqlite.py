@@ -1,0 +1,191 @@
+"""What only the SQLite store has to show: its file, its clock, its durability."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tenure import ConfigurationError, LockService
+from tenure.stores.sqlite import APPLICATION_ID, SQLiteStore
+
+
+def test_absolute_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    absolute = SQLiteStore.from_url(f"sqlite://{tmp_path}/abs.db")
+    assert absolute.path == tmp_path / "abs.db"
+    assert (tmp_path / "abs.db").exists()
+    assert absolute.describe() == f"sqlite://{tmp_path}/abs.db"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    relative = SQLiteStore.from_url("sqlite:sub/rel.db")
+    assert (tmp_path / "sub" / "rel.db").exists()
+    assert relative.describe() == "sqlite:sub/rel.db"
+    assert SQLiteStore.from_url("sqlite:here.db").path == Path("here.db")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("sqlite://host/x.db", "host part"),
+        ("sqlite://", "names no file"),
+        ("sqlite:///", "names no file"),
+        ("sqlite:///tmp/x.db?prefix=bad-prefix", "identifier"),
+        ("sqlite:///tmp/x.db?prefix=a;drop", "identifier"),
+        ("sqlite:///tmp/x.db?busy_timeout=soon", "busy_timeout"),
+        ("sqlite:///tmp/x.db?busy_timeout=0", "busy_timeout"),
+        ("sqlite:///tmp/x.db?synchronous=off", "synchronous"),
+        ("sqlite:///tmp/x.db?color=blue", "unknown SQLite URL option 'color'"),
+    ],
+)
+def test_bad_sqlite_urls(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        LockService.from_url(url)
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        LockService.from_url(f"sqlite://{tmp_path}/missing/x.db")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_path_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="is a directory"):
+        LockService.from_url(f"sqlite://{tmp_path}")
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory nobody may write to: root ignores permission bits, so mount it read-only."""
+    target = tmp_path / "ro"
+    target.mkdir()
+    if os.geteuid() != 0:
+        target.chmod(0o555)
+        yield target
+        target.chmod(0o755)
+        return
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only directory here: {mounted.stderr!r}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+def test_unwritable_directory(unwritable_dir: Path) -> None:
+    with pytest.raises(ConfigurationError, match="not writable"):
+        LockService.from_url(f"sqlite://{unwritable_dir}/x.db")
+    assert not (unwritable_dir / "x.db").exists()
+
+
+def test_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.db"
+    junk = b"this is not a database at all" * 200
+    path.write_bytes(junk)
+    with pytest.raises(ConfigurationError, match="corrupt or not a database"):
+        LockService.from_url(f"sqlite://{path}")
+    assert path.read_bytes() == junk, "changes nothing"
+
+
+def test_foreign_application_database(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA application_id = 1234")
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ConfigurationError, match="another application"):
+        LockService.from_url(f"sqlite://{path}")
+    conn = sqlite3.connect(path)
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
+    conn.close()
+    assert tables == ["t"]
+
+
+def test_tables_with_our_prefix_that_we_did_not_make(tmp_path: Path) -> None:
+    path = tmp_path / "clash.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE tenure_meta (key TEXT, value TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ConfigurationError, match="did not create"):
+        LockService.from_url(f"sqlite://{path}")
+    # Another prefix in the same file works, beside the application's tables.
+    store = SQLiteStore.from_url(f"sqlite://{path}?prefix=locks")
+    assert store.prefix == "locks"
+
+
+def test_new_database_is_marked_as_tenure(tmp_path: Path) -> None:
+    SQLiteStore(tmp_path / "mark.db")
+    conn = sqlite3.connect(tmp_path / "mark.db")
+    assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+async def test_fencing_survives_reopening_the_file(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/durable.db"
+    async with LockService.from_url(url) as first:
+        lock = await first.acquire("durable", ttl=1)
+        assert lock is not None
+        before = lock.fencing_token
+    async with LockService.from_url(url) as second:
+        lock = await second.acquire("durable", ttl=1)
+        assert lock is not None
+        assert lock.fencing_token > before
+
+
+async def test_reboot_frees_leases_and_keeps_fencing(tmp_path: Path) -> None:
+    path = tmp_path / "boot.db"
+    store = SQLiteStore(path)
+    grant = await store.acquire("boot", "d" * 32, 3600, "before-reboot")
+    assert grant is not None
+    await store.aclose()
+    # What a reboot looks like to the file: another boot id, monotonic
+    # expiry times from a clock that restarted.
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE tenure_meta SET value = 'previous-boot' WHERE key = 'boot_id'")
+    conn.execute("UPDATE tenure_leases SET expires = 1 << 62")
+    conn.commit()
+    conn.close()
+    async with LockService.from_url(f"sqlite://{path}") as locks:
+        lock = await locks.acquire("boot", ttl=1)
+        assert lock is not None, "the previous boot's holder is gone"
+        assert lock.fencing_token > grant.fencing_token
+
+
+async def test_wall_clock_plays_no_part_in_expiry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time as time_module
+
+    async with LockService.from_url(f"sqlite://{tmp_path}/clock.db") as locks:
+        lock = await locks.acquire("clock", ttl=1)
+        assert lock is not None
+        real = time_module.time
+        monkeypatch.setattr(time_module, "time", lambda: real() + 3600)
+        assert await locks.acquire("clock", ttl=1) is None, "a step forward expires nothing"
+        monkeypatch.setattr(time_module, "time", lambda: real() - 3600)
+        assert await lock.release() is True
+        again = await locks.acquire("clock", ttl=1)
+        assert again is not None
+        assert again.fencing_token > lock.fencing_token
+
+
+async def test_waiter_rows_are_removed_after_waiting(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/waiters.db"
+    async with LockService.from_url(url) as locks:
+        lock = await locks.acquire("w", ttl=1)
+        assert lock is not None
+        assert await locks.acquire("w", ttl=1, wait=0.2) is None
+    conn = sqlite3.connect(tmp_path / "waiters.db")
+    assert conn.execute("SELECT count(*) FROM tenure_waiters").fetchone()[0] == 0
+    conn.close()
