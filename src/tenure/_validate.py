@@ -7,7 +7,7 @@ nothing.
 from __future__ import annotations
 
 import math
-import unicodedata
+import re
 
 from .errors import InvalidArgument
 
@@ -21,22 +21,26 @@ trip or a garbage-collection pause would lose locks that are in fact alive."""
 
 DEFAULT_TTL = 30.0
 
+# Unicode's control characters (category Cc) and lone surrogates.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
 
 def check_name(name: object, what: str = "lock name") -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"{what} must be a str, got {type(name).__name__} {name!r}")
     if not name:
         raise InvalidArgument(f"{what} must not be empty")
-    size = len(name.encode("utf-8", errors="surrogatepass"))
+    size = len(name) if name.isascii() else len(name.encode("utf-8", errors="surrogatepass"))
     if size > MAX_NAME_BYTES:
         raise InvalidArgument(
             f"{what} {name[:40]!r}... is {size} UTF-8 bytes; the limit is {MAX_NAME_BYTES}"
         )
-    for ch in name:
-        if unicodedata.category(ch) in ("Cc", "Cs"):
-            raise InvalidArgument(
-                f"{what} {name!r} holds the control character {ch!r}; use printable characters only"
-            )
+    bad = _CONTROL.search(name)
+    if bad is not None:
+        raise InvalidArgument(
+            f"{what} {name!r} holds the control character {bad.group()!r}; "
+            "use printable characters only"
+        )
     return name
 
 
@@ -47,6 +51,8 @@ def _number(value: object, what: str) -> float:
 
 
 def check_ttl(ttl: object) -> float:
+    if ttl.__class__ is float and MIN_TTL <= ttl < math.inf:  # the common case, quickly
+        return ttl
     seconds = _number(ttl, "ttl")
     if math.isnan(seconds) or math.isinf(seconds):
         raise InvalidArgument(f"ttl must be finite, got {ttl!r}")

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from . import _validate
 from .errors import LockLost, TenureError
-from .renewer import LeaseState, Renewer, renew_interval, safety_margin
+from .renewer import LeaseState, Renewer
 from .stores import from_url as store_from_url
 from .stores.base import Store
 
@@ -231,6 +231,7 @@ class LockService:
 
     def _forget(self, lock: Lock) -> None:
         self._held.discard(lock)
+        self._renewer.discard(lock._state)
 
     async def _release_quietly(self, lock: Lock) -> bool:
         """Release in a cleanup path: a store failure is logged, not raised."""
@@ -257,7 +258,8 @@ class LockService:
         """
         _validate.check_name(name)
         ttl = _validate.check_ttl(ttl)
-        wait = _validate.check_wait(wait)
+        if wait.__class__ is not float or wait != 0.0:  # the default needs no checking
+            wait = _validate.check_wait(wait)
         if self._closed:
             raise TenureError("this LockService is closed; make a new one")
         if not self._renewer.running:
@@ -290,14 +292,7 @@ class LockService:
             raise
         if grant is None:
             return None
-        state = LeaseState(
-            name=name,
-            token=token,
-            ttl=ttl,
-            deadline=sent + ttl - safety_margin(ttl),
-            renew_at=sent + renew_interval(ttl),
-            guard=threading.Lock(),
-        )
+        state = LeaseState(name, token, ttl, sent)
         lock = Lock(self, state, grant.fencing_token)
         self._held.add(lock)
         self._renewer.add(state)

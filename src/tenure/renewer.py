@@ -30,7 +30,6 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .stores.base import RenewItem, Store
 
@@ -67,19 +66,34 @@ def retry_delay(ttl: float) -> float:
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
-@dataclass(eq=False, slots=True)
 class LeaseState:
-    """What the holder and the renewer share about one grant."""
+    """What the holder and the renewer share about one grant.
 
-    name: str
-    token: str
-    ttl: float
-    deadline: float
-    guard: threading.Lock
-    renew_at: float = 0.0
-    released: bool = False
-    lost_reason: str | None = None
-    waiters: list[_Waiter] = field(default_factory=list)
+    A plain slotted class: one is made per acquire, on the hot path.
+    """
+
+    __slots__ = (
+        "deadline",
+        "guard",
+        "lost_reason",
+        "name",
+        "released",
+        "renew_at",
+        "token",
+        "ttl",
+        "waiters",
+    )
+
+    def __init__(self, name: str, token: str, ttl: float, sent: float) -> None:
+        self.name = name
+        self.token = token
+        self.ttl = ttl
+        self.deadline = sent + ttl - safety_margin(ttl)
+        self.renew_at = sent + renew_interval(ttl)
+        self.guard = threading.Lock()
+        self.released = False
+        self.lost_reason: str | None = None
+        self.waiters: list[_Waiter] = []
 
     def alive(self) -> bool:
         """Held right now. Marks the lease lost when its deadline has passed."""
@@ -151,6 +165,10 @@ class LeaseState:
                 pass
 
 
+def _dead(state: LeaseState) -> bool:
+    return state.released or state.lost_reason is not None
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -165,6 +183,7 @@ class Renewer:
         self._heap: list[tuple[float, int, LeaseState]] = []
         self._seq = itertools.count()
         self._next_wake = math.inf
+        self._dead = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -177,7 +196,7 @@ class Renewer:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None
 
     def start(self) -> None:
         if self._thread is not None:
@@ -221,6 +240,15 @@ class Renewer:
             except RuntimeError:
                 pass
 
+    def discard(self, state: LeaseState) -> None:
+        """Note that ``state`` was released; its heap entry is dropped lazily."""
+        with self._guard:
+            self._dead += 1
+            if self._dead > 1024 and self._dead * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not _dead(entry[2])]
+                heapq.heapify(self._heap)
+                self._dead = 0
+
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -256,7 +284,10 @@ class Renewer:
         batch: list[LeaseState] = []
         with self._guard:
             heap = self._heap
-            while heap and (heap[0][2].released or heap[0][2].lost_reason is not None):
+            # Dead entries are dropped only once due: a released lease's slot
+            # keeps the renewer's timer where it was, so the next acquire does
+            # not have to wake this thread (a wake-up costs more than a grant).
+            while heap and heap[0][0] <= now and _dead(heap[0][2]):
                 heapq.heappop(heap)
             if not heap or heap[0][0] > now:
                 self._next_wake = heap[0][0] if heap else math.inf
@@ -266,7 +297,7 @@ class Renewer:
             horizon = now + renew_interval(heap[0][2].ttl) / 3
             while heap and heap[0][0] <= horizon and len(batch) < MAX_BATCH:
                 state = heapq.heappop(heap)[2]
-                if not state.released and state.lost_reason is None:
+                if not _dead(state):
                     batch.append(state)
             # Busy with this batch: no need to be poked; we look again right after.
             self._next_wake = -math.inf
@@ -275,7 +306,7 @@ class Renewer:
     def _push(self, states: list[LeaseState]) -> None:
         with self._guard:
             for state in states:
-                if not state.released and state.lost_reason is None:
+                if not _dead(state):
                     heapq.heappush(self._heap, (state.renew_at, next(self._seq), state))
 
     async def _run(self, store: Store) -> None:
