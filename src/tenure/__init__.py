@@ -5,6 +5,8 @@ The public names live here; everything else is an implementation detail.
 
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .locks import Lock, LockService, Outcome, current_lock
+from .schedule import RunOutcome, ScheduledTask, ScheduledTaskStore, Scheduler
+from .stores.base import RunRecord
 
 __all__ = (
     "ConfigurationError",
@@ -13,6 +15,11 @@ __all__ = (
     "LockLost",
     "LockService",
     "Outcome",
+    "RunOutcome",
+    "RunRecord",
+    "ScheduledTask",
+    "ScheduledTaskStore",
+    "Scheduler",
     "StoreUnavailable",
     "TenureError",
     "current_lock",

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ("Grant", "LeaseInfo", "RenewItem", "Store")
+__all__ = ("Grant", "LeaseInfo", "RenewItem", "RunRecord", "Store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,25 @@ class LeaseInfo:
     fencing_token: int
     expires_in: float
     """Seconds until the lease expires unless renewed, by the store's clock."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """What became of one run of a scheduled task: the answer to "did the 02:00 run happen?"."""
+
+    run_id: str
+    """Random id of this run; a record is written at the start and again at the end."""
+    task: str
+    fire_time: float | None
+    """The occurrence (POSIX seconds, from the cron expression); None for a manual run."""
+    instance: str
+    """The instance that ran or skipped it: ``host:pid:id``."""
+    started: float
+    ended: float | None
+    outcome: str
+    """``running``, then ``ran``, ``skipped`` (still held by an earlier run),
+    ``failed`` (the task raised) or ``lost`` (its lock was lost under it)."""
+    error: str | None = None
 
 
 class Store(ABC):
@@ -123,6 +142,38 @@ class Store(ABC):
     @abstractmethod
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
         """The live leases whose names start with ``prefix``, sorted by name."""
+
+    @abstractmethod
+    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        """Compare-and-advance the last claimed occurrence of ``task`` to ``fire_time``.
+
+        Atomic. True when ``fire_time`` is later than every occurrence of
+        ``task`` claimed before (and is now the last claimed); False when an
+        equal or later one was already claimed, by any instance. This is what
+        keeps an instance whose clock runs behind from re-running an
+        occurrence that already ran.
+        """
+
+    @abstractmethod
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        """Insert or replace the record with ``record.run_id``.
+
+        Keeps at most the ``keep`` newest records (by ``started``) of that task.
+        """
+
+    @abstractmethod
+    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        """The newest run records, of one task or of all, newest first."""
+
+    @abstractmethod
+    async def prune(self, *, keep_runs: int) -> int:
+        """Remove what is no longer needed; returns how many entries were removed.
+
+        Released and expired leases (without ever letting a later grant of the
+        same name get a smaller fencing token), waiter registrations past their
+        time, and run records beyond the ``keep_runs`` newest of each task. One
+        atomic step; live leases and occurrence claims are never touched.
+        """
 
     def sibling(self) -> Store:
         """A store for another thread's event loop, sharing this one's data.

@@ -22,7 +22,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from .base import Grant, LeaseInfo, RenewItem, Store
+from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("MemoryStore",)
 
@@ -53,6 +53,8 @@ class MemoryStore(Store):
         self._leases: dict[str, _Lease] = {}
         self._fences: dict[str, int] = {}
         self._waiters: dict[str, list[_Waiter]] = {}
+        self._claims: dict[str, float] = {}
+        self._runs: dict[str, RunRecord] = {}
 
     @classmethod
     def named(cls, name: str) -> MemoryStore:
@@ -144,6 +146,50 @@ class MemoryStore(Store):
                 for name, lease in sorted(self._leases.items())
                 if name.startswith(prefix) and lease.expires > now
             ]
+
+    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        with self._mutex:
+            last = self._claims.get(task)
+            if last is not None and last >= fire_time:
+                return False
+            self._claims[task] = fire_time
+            return True
+
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        with self._mutex:
+            self._runs[record.run_id] = record
+            mine = sorted(
+                (r for r in self._runs.values() if r.task == record.task),
+                key=lambda r: r.started,
+                reverse=True,
+            )
+            for old in mine[keep:]:
+                del self._runs[old.run_id]
+
+    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        with self._mutex:
+            chosen = [r for r in self._runs.values() if task is None or r.task == task]
+        chosen.sort(key=lambda r: r.started, reverse=True)
+        return chosen[:limit]
+
+    async def prune(self, *, keep_runs: int) -> int:
+        now = time.monotonic()
+        removed = 0
+        with self._mutex:
+            # Fencing counters live apart from the leases, so dropping an
+            # expired lease never resets one.
+            for name in [n for n, lease in self._leases.items() if lease.expires <= now]:
+                del self._leases[name]
+                removed += 1
+            per_task: dict[str, list[RunRecord]] = {}
+            for record in self._runs.values():
+                per_task.setdefault(record.task, []).append(record)
+            for records in per_task.values():
+                records.sort(key=lambda r: r.started, reverse=True)
+                for old in records[keep_runs:]:
+                    del self._runs[old.run_id]
+                    removed += 1
+        return removed
 
 
 def _wake(future: asyncio.Future[None]) -> None:

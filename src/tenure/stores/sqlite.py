@@ -62,7 +62,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ConfigurationError, StoreUnavailable
-from .base import Grant, LeaseInfo, RenewItem, Store
+from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("SQLiteStore",)
 
@@ -304,6 +304,16 @@ class SQLiteStore(Store):
                     " until INTEGER NOT NULL) STRICT"
                 )
                 conn.execute(f"CREATE INDEX {p}_waiters_name ON {p}_waiters (name)")
+                conn.execute(
+                    f"CREATE TABLE {p}_claims (task TEXT PRIMARY KEY, fire_time REAL NOT NULL)"
+                    " STRICT"
+                )
+                conn.execute(
+                    f"CREATE TABLE {p}_runs (run_id TEXT PRIMARY KEY, task TEXT NOT NULL,"
+                    " fire_time REAL, instance TEXT NOT NULL, started REAL NOT NULL, ended REAL,"
+                    " outcome TEXT NOT NULL, error TEXT) STRICT"
+                )
+                conn.execute(f"CREATE INDEX {p}_runs_task ON {p}_runs (task, started)")
                 conn.executemany(
                     f"INSERT INTO {p}_meta (key, value) VALUES (?, ?)",
                     [("schema_version", SCHEMA_VERSION), ("fence_floor", 0), ("boot_id", boot)],
@@ -406,6 +416,83 @@ class SQLiteStore(Store):
             LeaseInfo(name, holder or "", fence, (expires - now) / 1e9)
             for name, holder, fence, expires in rows
         ]
+
+    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        p = self.prefix
+        rows = self._run(
+            f"INSERT INTO {p}_claims (task, fire_time) VALUES (?1, ?2) "
+            f"ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time "
+            f"WHERE {p}_claims.fire_time < excluded.fire_time RETURNING 1",
+            (task, fire_time),
+        )
+        return bool(rows)
+
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        p = self.prefix
+        self._run(
+            f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
+            " ended, outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.run_id,
+                record.task,
+                record.fire_time,
+                record.instance,
+                record.started,
+                record.ended,
+                record.outcome,
+                record.error,
+            ),
+        )
+        if record.ended is not None:
+            self._run(
+                f"DELETE FROM {p}_runs WHERE task = ?1 AND started < (SELECT started FROM"
+                f" {p}_runs WHERE task = ?1 ORDER BY started DESC LIMIT 1 OFFSET ?2)",
+                (record.task, keep - 1),
+            )
+
+    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        p = self.prefix
+        columns = "run_id, task, fire_time, instance, started, ended, outcome, error"
+        if task is None:
+            rows = self._run(
+                f"SELECT {columns} FROM {p}_runs ORDER BY started DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = self._run(
+                f"SELECT {columns} FROM {p}_runs WHERE task = ? ORDER BY started DESC LIMIT ?",
+                (task, limit),
+            )
+        return [RunRecord(*row) for row in rows]
+
+    async def prune(self, *, keep_runs: int) -> int:
+        p = self.prefix
+        now = time.monotonic_ns()
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                dead = f"(token IS NULL OR expires <= {now})"
+                # Raise the floor first: a name pruned now and granted later
+                # must still get a fencing token above every one it had.
+                conn.execute(
+                    f"UPDATE {p}_meta SET value = max(value, coalesce((SELECT max(fence)"
+                    f" FROM {p}_leases WHERE {dead}), 0)) WHERE key = 'fence_floor'"
+                )
+                removed = conn.execute(f"DELETE FROM {p}_leases WHERE {dead}").rowcount
+                removed += conn.execute(f"DELETE FROM {p}_waiters WHERE until < ?", (now,)).rowcount
+                removed += conn.execute(
+                    f"DELETE FROM {p}_runs WHERE run_id IN (SELECT run_id FROM (SELECT run_id,"
+                    " row_number() OVER (PARTITION BY task ORDER BY started DESC) AS n"
+                    f" FROM {p}_runs) WHERE n > ?)",
+                    (keep_runs,),
+                ).rowcount
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
+        return removed
 
     async def aclose(self) -> None:
         self._closed = True

@@ -1,0 +1,283 @@
+"""The ``tenure`` command: ``demo``, ``run`` and ``tasks``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import ConfigurationError, TenureError
+from .locks import LockService
+from .schedule import Scheduler
+from .stores import _mask
+from .stores.base import RunRecord
+
+__all__ = ("main",)
+
+DEMO_TASK = "demo.tick"
+
+
+def _url(given: str | None) -> str:
+    url = given or os.environ.get("TENURE_URL")
+    if not url:
+        raise ConfigurationError("no store URL: pass --url URL or set TENURE_URL")
+    return url
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S")
+
+
+# -- demo ---------------------------------------------------------------------
+
+
+async def _demo_instance(url: str, index: int, seconds: float, offset: float) -> None:
+    """One instance of the demo application: an every-second task, a skewed clock."""
+
+    def say(task: str, fire: float | None, outcome: str) -> None:
+        if task == DEMO_TASK:
+            line = {"instance": index, "fire": fire, "outcome": outcome}
+            sys.stdout.write(json.dumps(line) + "\n")
+            sys.stdout.flush()
+
+    async with LockService.from_url(url) as locks:
+        scheduler = Scheduler(locks, clock=lambda: time.time() + offset, listener=say)
+
+        @scheduler.cron("* * * * * *", name=DEMO_TASK, ttl=5)
+        async def tick() -> None:
+            await asyncio.sleep(0.001)  # finishes in a millisecond: ShedLock's double-run case
+
+        serving = asyncio.ensure_future(scheduler.serve())
+        await asyncio.sleep(seconds)
+        scheduler.stop()
+        await serving
+
+
+def _pump(index: int, stream: IO[str], events: queue.Queue[tuple[int, str | None]]) -> None:
+    for line in stream:
+        events.put((index, line))
+    events.put((index, None))
+
+
+def demo(instances: int, seconds: float, url: str | None, skew: float) -> int:
+    if instances < 1 or seconds <= 0:
+        raise ConfigurationError("--instances must be at least 1 and --seconds positive")
+    workdir = None
+    if url is None:
+        workdir = tempfile.mkdtemp(prefix="tenure-demo-")
+        url = f"sqlite://{Path(workdir) / 'demo.db'}"
+    LockService.from_url(url)  # a bad URL fails here, once, with its own message
+    offsets = [(i - (instances - 1) / 2) * skew for i in range(instances)]
+    print(f"tenure demo: {instances} instances of one application on {_mask(url)}")
+    print(f"each runs the task {DEMO_TASK!r} every second, for {seconds:g} s; their clocks")
+    print("are offset by " + ", ".join(f"{o:+.2f} s" for o in offsets) + ".\n")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tenure",
+                "_instance",
+                "--url",
+                url,
+                "--index",
+                str(i),
+                "--seconds",
+                str(seconds),
+                "--offset",
+                str(offsets[i]),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(instances)
+    ]
+    events: queue.Queue[tuple[int, str | None]] = queue.Queue()
+    for i, proc in enumerate(procs):
+        assert proc.stdout is not None
+        threading.Thread(target=_pump, args=(i, proc.stdout, events), daemon=True).start()
+    ran: dict[float, list[int]] = collections.defaultdict(list)
+    seen: set[float] = set()
+    open_streams = instances
+    while open_streams:
+        index, line = events.get()
+        if line is None:
+            open_streams -= 1
+            continue
+        event = json.loads(line)
+        fire, outcome = event["fire"], event["outcome"]
+        seen.add(fire)
+        if outcome == "ran":
+            ran[fire].append(index)
+            print(f"{_stamp(fire)}  instance {index}  ran it")
+        elif outcome == "claimed_elsewhere":
+            print(f"{_stamp(fire)}  instance {index}  skipped: another instance claimed it")
+        else:
+            print(f"{_stamp(fire)}  instance {index}  {outcome}")
+    codes = [proc.wait() for proc in procs]
+    occurrences = len(seen)
+    runs = sum(len(v) for v in ran.values())
+    duplicates = sum(len(v) - 1 for v in ran.values() if len(v) > 1)
+    missing = sum(1 for fire in seen if not ran.get(fire))
+    print()
+    print(f"occurrences: {occurrences}  runs: {runs}  duplicates: {duplicates}  missing: {missing}")
+    print(
+        f"(without tenure each instance would have run every occurrence: "
+        f"{occurrences * instances} runs)"
+    )
+    if any(codes):
+        print(f"an instance failed: exit codes {codes}", file=sys.stderr)
+        return 2
+    return 0 if duplicates == 0 and missing == 0 else 1
+
+
+# -- run ----------------------------------------------------------------------
+
+
+def _load(target: str) -> Any:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(
+            f"expected MODULE:ATTR (like myapp.cron:scheduler), got {target!r}"
+        )
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+async def _serve(target: str, url: str | None) -> None:
+    obj = _load(target)
+    if isinstance(obj, Scheduler):
+        if url is not None:
+            raise ConfigurationError(
+                f"{target} is a Scheduler that already has its store; drop --url, or point "
+                "at a function that takes a LockService and returns a Scheduler"
+            )
+        scheduler = obj
+        locks = obj.locks
+    elif callable(obj):
+        locks = LockService.from_url(_url(url))
+        scheduler = obj(locks)
+        if not isinstance(scheduler, Scheduler):
+            raise ConfigurationError(f"{target}(locks) returned {scheduler!r}, not a Scheduler")
+    else:
+        raise ConfigurationError(f"{target} is neither a Scheduler nor a function making one")
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, scheduler.stop)
+    async with locks:
+        await scheduler.serve()
+
+
+# -- tasks --------------------------------------------------------------------
+
+
+async def _tasks(url: str, task: str | None, limit: int, as_json: bool) -> None:
+    async with LockService.from_url(url) as locks:
+        records = await locks.store.runs(task, limit)
+    if as_json:
+        print(json.dumps([_record(r) for r in records], indent=2))
+        return
+    if not records:
+        print("no run records")
+        return
+    print(f"{'task':<24} {'occurrence':<19} {'instance':<22} {'took':>7} outcome")
+    for r in records:
+        fire = (
+            datetime.fromtimestamp(r.fire_time, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            if r.fire_time is not None
+            else "manual"
+        )
+        took = f"{r.ended - r.started:6.2f}s" if r.ended is not None else "      -"
+        line = f"{r.task[:24]:<24} {fire:<19} {r.instance[:22]:<22} {took:>7} {r.outcome}"
+        print(line + (f": {r.error}" if r.error else ""))
+
+
+def _record(r: RunRecord) -> dict[str, Any]:
+    return {
+        "task": r.task,
+        "fire_time": r.fire_time,
+        "instance": r.instance,
+        "started": r.started,
+        "ended": r.ended,
+        "outcome": r.outcome,
+        "error": r.error,
+    }
+
+
+# -- entry point ----------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tenure", description="Distributed locks and cluster-safe cron."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "demo", help="several instances, one every-second task: each occurrence runs once"
+    )
+    p.add_argument("--instances", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--url", help="store URL (default: a temporary SQLite file)")
+    p.add_argument(
+        "--skew",
+        type=float,
+        default=0.4,
+        help="clock offset between neighbouring instances, in seconds",
+    )
+    p = sub.add_parser("run", help="serve a Scheduler: MODULE:ATTR")
+    p.add_argument("target")
+    p.add_argument("--url", help="store URL, when ATTR is a function taking a LockService")
+    p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
+    p.add_argument("--url")
+    p.add_argument("--task")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("_instance", help=argparse.SUPPRESS)
+    p.add_argument("--url", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--offset", type=float, default=0.0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return demo(args.instances, args.seconds, args.url, args.skew)
+        if args.command == "run":
+            asyncio.run(_serve(args.target, args.url))
+        elif args.command == "tasks":
+            asyncio.run(_tasks(_url(args.url), args.task, args.limit, args.json))
+        elif args.command == "_instance":
+            asyncio.run(_demo_instance(args.url, args.index, args.seconds, args.offset))
+    except TenureError as exc:
+        print(f"tenure: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,199 @@
+"""The Scheduler: one timer loop for every task, misfires, graceful stop.
+
+Defaults, on purpose:
+
+* **Misfire grace: 30 s.** An occurrence is run only if the loop reaches it
+  within ``misfire_grace`` seconds of its fire time (by this instance's
+  clock). A loop that was blocked runs only the *latest* missed occurrence
+  within the grace, never a backlog, and a starting instance begins with the
+  next occurrence after its start: no backfill after downtime. The occurrence claim (see ``tasks``)
+  still guarantees that an occurrence another instance already ran is not run
+  again.
+* **Overlap: skip.** While a run of a task is still going anywhere in the
+  cluster, later occurrences find its lock held and are recorded as skipped.
+* **Stop: wait, then cancel.** ``stop()`` stops firing, waits up to
+  ``shutdown_timeout`` seconds for running tasks, then cancels them; their
+  locks are released as they unwind.
+* **Maintenance.** The built-in task ``tenure.prune`` (every 10 minutes,
+  ``prune=None`` turns it off) removes expired leases and old run records
+  through the same mechanism, so it too runs once per occurrence.
+
+The loop sleeps until the earliest fire time of all tasks, at most a second
+at a time so that a step of the injected clock is noticed promptly: a
+thousand tasks are one loop, not a thousand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import InvalidArgument, LockLost
+from ..locks import LockService
+from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
+
+__all__ = ("Scheduler",)
+
+log = logging.getLogger("tenure.scheduler")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PRUNE_TASK = "tenure.prune"
+MAX_SLEEP = 1.0
+
+
+def _seconds(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
+    if value < 0 or math.isinf(value):
+        raise InvalidArgument(f"{what} must be finite and not negative, got {value!r}")
+    return float(value)
+
+
+class Scheduler:
+    """Cron for a cluster: each occurrence of each task runs once, wherever it fires."""
+
+    def __init__(
+        self,
+        locks: LockService,
+        *,
+        clock: Callable[[], float] = time.time,
+        misfire_grace: float = 30.0,
+        shutdown_timeout: float = 30.0,
+        keep_runs: int = DEFAULT_KEEP_RUNS,
+        prune: str | None = "*/10 * * * *",
+        listener: Callable[[str, float | None, str], None] | None = None,
+    ) -> None:
+        if not isinstance(locks, LockService):
+            raise InvalidArgument(f"Scheduler needs a LockService, got {type(locks).__name__}")
+        if not callable(clock):
+            raise InvalidArgument(f"clock must be a function returning POSIX seconds: {clock!r}")
+        self.locks = locks
+        self.clock = clock
+        self.misfire_grace = _seconds(misfire_grace, "misfire_grace")
+        self.shutdown_timeout = _seconds(shutdown_timeout, "shutdown_timeout")
+        self.tasks = ScheduledTaskStore(locks, clock=clock, keep_runs=keep_runs, listener=listener)
+        if prune is not None:
+            self.tasks.add(self._prune, prune, name=PRUNE_TASK)
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running: set[asyncio.Task[None]] = set()
+
+    def cron(
+        self,
+        expr: str,
+        *,
+        name: str | None = None,
+        ttl: float | None = None,
+        tz: str | None = None,
+        exclusive: bool = True,
+    ) -> Callable[[F], F]:
+        """Decorator: run the function on ``expr``; the function itself is returned unchanged."""
+
+        def register(fn: F) -> F:
+            self.add(fn, expr, name=name, ttl=ttl, tz=tz, exclusive=exclusive)
+            return fn
+
+        return register
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        expr: str,
+        *,
+        name: str | None = None,
+        ttl: float | None = None,
+        tz: str | None = None,
+        exclusive: bool = True,
+    ) -> ScheduledTask:
+        """Register a task without a decorator. Errors are raised here, not at the first tick."""
+        return self.tasks.add(fn, expr, name=name, ttl=ttl, tz=tz, exclusive=exclusive)
+
+    async def _prune(self) -> None:
+        removed = await self.locks.store.prune(keep_runs=self.tasks.keep_runs)
+        log.debug("tenure.prune removed %d entries", removed)
+
+    def stop(self) -> None:
+        """Stop firing; ``serve()`` then waits for running tasks and returns. Any thread."""
+        self._stopping = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+
+    async def serve(self) -> None:
+        """Run the timer loop until ``stop()`` or cancellation."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self.locks.start()
+        try:
+            await self._timer_loop()
+        finally:
+            await self._drain()
+            self._loop = self._wake = None
+
+    async def _timer_loop(self) -> None:
+        assert self._wake is not None
+        heap: list[tuple[float, str]] = []
+        start = self.clock()
+        for task in self.tasks:
+            # Start with the next occurrence: a starting instance does not
+            # run what fell due before it was up (no backfill).
+            heap.append((task.schedule.next_after(start), task.name))
+        heapq.heapify(heap)
+        while not self._stopping and heap:
+            now = self.clock()
+            fire, name = heap[0]
+            if fire > now:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(fire - now, MAX_SLEEP))
+                continue
+            task = self.tasks[name]
+            latest = task.schedule.latest_at_or_before(now)
+            if now - latest <= self.misfire_grace:
+                self._spawn(name, latest)
+            else:
+                log.info(
+                    "task %r: occurrence %s missed by %.1f s, beyond the misfire grace",
+                    name,
+                    latest,
+                    now - latest,
+                )
+            heapq.heapreplace(heap, (task.schedule.next_after(latest), name))
+
+    def _spawn(self, name: str, occurrence: float) -> None:
+        run = asyncio.ensure_future(self._fire(name, occurrence))
+        self._running.add(run)
+        run.add_done_callback(self._running.discard)
+
+    async def _fire(self, name: str, occurrence: float) -> None:
+        try:
+            await self.tasks.run(name, occurrence=occurrence)
+        except LockLost as exc:
+            log.warning("task %r (occurrence %s): %s", name, occurrence, exc)
+        except Exception:
+            log.exception("task %r (occurrence %s) failed", name, occurrence)
+
+    async def _drain(self) -> None:
+        running = set(self._running)
+        if not running:
+            return
+        _, pending = await asyncio.wait(running, timeout=self.shutdown_timeout)
+        for run in pending:
+            run.cancel()
+        if pending:
+            log.warning(
+                "cancelled %d task(s) still running after %.1f s",
+                len(pending),
+                self.shutdown_timeout,
+            )
+            await asyncio.gather(*pending, return_exceptions=True)
