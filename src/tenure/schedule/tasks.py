@@ -168,7 +168,7 @@ class ScheduledTaskStore:
         else:
             result = RunOutcome.RAN if outcome is Outcome.RAN else RunOutcome.SKIPPED
             if outcome is Outcome.SKIPPED:
-                log.debug("task %r: still held by an earlier run, skipped", name)
+                log.debug("task %r: the lock is held by another run, skipped", name)
             return outcome
         finally:
             self.counts[result] += 1

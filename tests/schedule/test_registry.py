@@ -1,0 +1,196 @@
+"""Registration (errors at registration, not at the first tick) and single runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from tenure import InvalidArgument, LockService, Outcome, RunOutcome, Scheduler
+from tenure.schedule import CronSchedule
+
+
+@pytest.fixture
+def scheduler(locks: LockService) -> Scheduler:
+    return Scheduler(locks)
+
+
+async def noop() -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("expr", "says"),
+    [
+        ("* * *", "3 fields"),
+        ("* * * * * * *", "7 fields"),
+        ("61 * * * *", "not valid"),
+        ("* * * * * 99", "not valid"),
+        ("bogus * * * *", "not valid"),
+        ("0 0 30 2 *", "never fires"),
+        (42, "str"),
+    ],
+)
+def test_bad_expressions_fail_at_registration(
+    scheduler: Scheduler, expr: object, says: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        scheduler.add(noop, expr, name="t")  # type: ignore[arg-type]
+    assert "t" not in scheduler.tasks
+
+
+def test_unknown_time_zone(scheduler: Scheduler) -> None:
+    with pytest.raises(InvalidArgument, match="unknown time zone 'Mars/Olympus'"):
+        scheduler.cron("* * * * *", name="t", tz="Mars/Olympus")(noop)
+    assert "t" not in scheduler.tasks
+
+
+@pytest.mark.parametrize(("name", "says"), [("", "empty"), ("a\nb", "control"), (7, "str")])
+def test_bad_task_names(scheduler: Scheduler, name: object, says: str) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        scheduler.add(noop, "* * * * *", name=name)  # type: ignore[arg-type]
+
+
+def test_duplicate_names_fail_at_registration(scheduler: Scheduler) -> None:
+    scheduler.add(noop, "* * * * *", name="dup")
+    with pytest.raises(InvalidArgument, match="already registered"):
+        scheduler.add(noop, "*/5 * * * *", name="dup")
+    # The default name is the function's qualified name, so the same function twice clashes.
+    scheduler.cron("* * * * *")(noop)
+    with pytest.raises(InvalidArgument, match="already registered"):
+        scheduler.cron("* * * * *")(noop)
+
+
+def test_other_bad_arguments(scheduler: Scheduler, locks: LockService) -> None:
+    with pytest.raises(InvalidArgument, match="callable"):
+        scheduler.add("not callable", "* * * * *", name="x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="ttl"):
+        scheduler.add(noop, "* * * * *", name="x", ttl=0)
+    with pytest.raises(InvalidArgument, match="LockService"):
+        Scheduler("sqlite:///x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="misfire_grace"):
+        Scheduler(locks, misfire_grace=-1)
+    with pytest.raises(InvalidArgument, match="keep_runs"):
+        Scheduler(locks, keep_runs=0)
+    with pytest.raises(InvalidArgument, match="no task named 'missing'"):
+        scheduler.tasks["missing"]
+
+
+def test_time_zones_and_dst_come_from_croniter() -> None:
+    berlin = CronSchedule("30 2 * * *", tz="Europe/Berlin")
+    # 2026-03-29 is the spring-forward day in Berlin: 02:30 does not exist.
+    before = 1774735200.0  # 2026-03-28 22:00 UTC
+    first = berlin.next_after(before)
+    assert first - before > 3600  # not 02:30 local time on a day that skips it blindly
+    seconds = CronSchedule("*/10 * * * * *")
+    assert seconds.seconds_field
+    assert seconds.next_after(100.0) == 110.0
+    assert seconds.latest_at_or_before(119.5) == 110.0
+    assert seconds.latest_at_or_before(120.0) == 120.0
+
+
+async def test_manual_run_is_recorded(scheduler: Scheduler, locks: LockService) -> None:
+    seen: list[str] = []
+
+    @scheduler.cron("0 3 * * *", name="nightly")
+    async def nightly() -> None:
+        seen.append("ran")
+
+    assert await scheduler.tasks.run("nightly") is Outcome.RAN
+    assert seen == ["ran"]
+    [record] = await locks.store.runs("nightly")
+    assert record.outcome == RunOutcome.RAN
+    assert record.fire_time is None
+    assert record.instance == locks.holder
+    assert record.ended is not None
+    assert record.ended >= record.started
+    assert record.error is None
+
+
+async def test_contention_is_skipped_silently(
+    scheduler: Scheduler,
+    locks: LockService,
+    other: LockService,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scheduler.add(noop, "* * * * *", name="busy")
+    held = await other.acquire("busy", ttl=2)
+    assert held is not None
+    with caplog.at_level(logging.DEBUG, logger="tenure"):
+        assert await scheduler.tasks.run("busy") is Outcome.SKIPPED
+    assert scheduler.tasks.counts[RunOutcome.SKIPPED] == 1
+    levels = {r.levelno for r in caplog.records if "busy" in r.getMessage()}
+    assert levels == {logging.DEBUG}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    [record] = await locks.store.runs("busy")
+    assert record.outcome == "skipped"
+
+
+async def test_an_occurrence_is_claimed_once(locks: LockService, other: LockService) -> None:
+    runs: list[str] = []
+    first, second = Scheduler(locks), Scheduler(other)
+    for s, who in ((first, "first"), (second, "second")):
+        s.add(lambda who=who: runs.append(who), "* * * * *", name="once")
+    assert await first.tasks.run("once", occurrence=600.0) is Outcome.RAN
+    assert await second.tasks.run("once", occurrence=600.0) is Outcome.SKIPPED
+    assert await second.tasks.run("once", occurrence=540.0) is Outcome.SKIPPED, "no going back"
+    assert await second.tasks.run("once", occurrence=660.0) is Outcome.RAN
+    assert runs == ["first", "second"]
+    assert second.tasks.counts["claimed_elsewhere"] == 2
+    assert len(await locks.store.runs("once")) == 2, "only runs are recorded, not lost claims"
+
+
+async def test_failures_are_recorded_and_raised(scheduler: Scheduler, locks: LockService) -> None:
+    def broken() -> None:
+        raise RuntimeError("disk full")
+
+    scheduler.add(broken, "* * * * *", name="broken")
+    with pytest.raises(RuntimeError, match="disk full"):
+        await scheduler.tasks.run("broken", occurrence=60.0)
+    [record] = await locks.store.runs("broken")
+    assert record.outcome == "failed"
+    assert record.fire_time == 60.0
+    assert record.error == "RuntimeError: disk full"
+    assert await locks.acquire("broken", ttl=1) is not None, "the lock was released"
+
+
+async def test_plain_functions_run_in_a_thread(scheduler: Scheduler) -> None:
+    threads: list[int] = []
+    scheduler.add(lambda: threads.append(threading.get_ident()), "* * * * *", name="sync")
+    assert await scheduler.tasks.run("sync") is Outcome.RAN
+    assert threads
+    assert threads[0] != threading.get_ident()
+
+
+async def test_records_are_kept_up_to_the_retention_limit(locks: LockService) -> None:
+    scheduler = Scheduler(locks, keep_runs=3)
+    scheduler.add(noop, "* * * * *", name="kept")
+    for i in range(6):
+        await scheduler.tasks.run("kept", occurrence=60.0 * (i + 1))
+    records = await locks.store.runs("kept")
+    assert [r.fire_time for r in records] == [360.0, 300.0, 240.0]
+
+
+async def test_prune_is_a_scheduled_task_that_keeps_fencing(locks: LockService) -> None:
+    scheduler = Scheduler(locks, keep_runs=2)
+    assert "tenure.prune" in scheduler.tasks
+    scheduler.add(noop, "* * * * *", name="p")
+    for i in range(4):
+        await scheduler.tasks.run("p", occurrence=60.0 * (i + 1))
+    lock = await locks.acquire("pruned-name", ttl=1)
+    assert lock is not None
+    await lock.release()
+    assert await locks.store.acquire("expired-name", "e" * 32, 0.5, "gone") is not None
+    await asyncio.sleep(0.6)
+    assert await scheduler.tasks.run("tenure.prune", occurrence=600.0) is Outcome.RAN
+    assert len(await locks.store.runs("p")) == 2
+    again = await locks.acquire("pruned-name", ttl=1)
+    assert again is not None
+    assert again.fencing_token > lock.fencing_token
+    assert await locks.store.holders("expired-name") == []
+
+
+def test_prune_can_be_turned_off(locks: LockService) -> None:
+    assert "tenure.prune" not in Scheduler(locks, prune=None).tasks

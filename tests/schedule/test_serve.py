@@ -1,0 +1,157 @@
+"""The timer loop: overlaps, misfires, graceful stop, per-instance tasks, one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tenure import LockService, RunOutcome, Scheduler
+
+
+class FakeClock:
+    """POSIX seconds that the test moves; real time passes underneath."""
+
+    def __init__(self, start: float) -> None:
+        self.offset = start - time.time()
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def jump_to(self, t: float) -> None:
+        self.offset = t - time.time()
+
+
+async def serve_for(scheduler: Scheduler, seconds: float) -> None:
+    serving = asyncio.ensure_future(scheduler.serve())
+    await asyncio.sleep(seconds)
+    scheduler.stop()
+    await asyncio.wait_for(serving, 30)
+
+
+async def test_a_run_that_outlives_its_ttl_keeps_the_lock_and_later_occurrences_skip(
+    locks: LockService, other: LockService
+) -> None:
+    scheduler = Scheduler(locks, prune=None)
+    held_throughout: list[bool] = []
+
+    @scheduler.cron("* * * * * *", name="long", ttl=1)
+    async def long() -> None:
+        from tenure import current_lock
+
+        end = time.monotonic() + 3.2
+        while time.monotonic() < end:
+            held_throughout.append(current_lock().held)
+            assert await other.acquire("long", ttl=1) is None
+            await asyncio.sleep(0.1)
+
+    await serve_for(scheduler, 4.5)
+    records = sorted(await locks.store.runs("long"), key=lambda r: r.started)
+    outcomes = [r.outcome for r in records]
+    assert outcomes[0] == "ran", outcomes
+    assert outcomes.count("ran") <= 2
+    assert outcomes[1:4] == ["skipped"] * 3, outcomes
+    assert held_throughout
+    assert all(held_throughout)
+    fires = [r.fire_time or 0.0 for r in records]
+    assert fires == sorted(set(fires)), "one record per occurrence"
+
+
+async def test_a_late_tick_runs_only_within_the_grace_and_never_backfills(
+    locks: LockService,
+) -> None:
+    clock = FakeClock(1_800_000_058.0)  # 2 s before a minute boundary
+    scheduler = Scheduler(locks, clock=clock, misfire_grace=5, prune=None)
+    ran: list[float] = []
+    scheduler.add(lambda: ran.append(clock()), "* * * * *", name="minutely")
+    serving = asyncio.ensure_future(scheduler.serve())
+    await asyncio.sleep(0.2)
+    clock.jump_to(1_800_000_070.0)  # the 1_800_000_060 occurrence, 10 s late: beyond grace
+    await asyncio.sleep(1.5)
+    assert ran == []
+    clock.jump_to(1_800_000_302.5)  # four minutes later: only the latest, 2.5 s late
+    await asyncio.sleep(1.5)
+    scheduler.stop()
+    await serving
+    records = await locks.store.runs("minutely")
+    assert [r.fire_time for r in records] == [1_800_000_300.0]
+    assert len(ran) == 1
+
+
+async def test_stop_waits_for_running_tasks_then_cancels(locks: LockService) -> None:
+    scheduler = Scheduler(locks, shutdown_timeout=0.5, prune=None)
+    started = asyncio.Event()
+    quick_done: list[bool] = []
+
+    @scheduler.cron("* * * * * *", name="slow")
+    async def slow() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    @scheduler.cron("* * * * * *", name="quick")
+    async def quick() -> None:
+        await asyncio.sleep(0.2)
+        quick_done.append(True)
+
+    serving = asyncio.ensure_future(scheduler.serve())
+    await asyncio.wait_for(started.wait(), 5)
+    scheduler.stop()
+    begun = time.monotonic()
+    await asyncio.wait_for(serving, 10)
+    assert time.monotonic() - begun >= 0.2
+    assert quick_done, "a task that finishes within the timeout is waited for"
+    [record] = [r for r in await locks.store.runs("slow") if r.outcome != "skipped"][:1]
+    assert record.outcome == RunOutcome.FAILED
+    assert "cancelled" in (record.error or "")
+    assert await locks.store.holders("slow") == [], "its lock was released"
+
+
+async def test_per_instance_tasks_run_on_every_instance(
+    locks: LockService, other: LockService
+) -> None:
+    counts = {"a": 0, "b": 0}
+    schedulers = []
+    for service, key in ((locks, "a"), (other, "b")):
+        s = Scheduler(service, prune=None)
+
+        def bump(key: str = key) -> None:
+            counts[key] += 1
+
+        s.add(bump, "* * * * * *", name="everywhere", exclusive=False)
+        schedulers.append(s)
+    await asyncio.gather(*(serve_for(s, 2.6) for s in schedulers))
+    assert counts["a"] >= 2
+    assert counts["b"] >= 2
+    assert abs(counts["a"] - counts["b"]) <= 1
+    assert await locks.store.holders("everywhere") == []
+
+
+async def test_a_thousand_tasks_are_one_timer_loop(locks: LockService) -> None:
+    scheduler = Scheduler(locks, prune=None)
+    for i in range(1000):
+        scheduler.add(lambda: None, "0 3 * * *", name=f"nightly-{i}")
+    before = len(asyncio.all_tasks())
+    serving = asyncio.ensure_future(scheduler.serve())
+    await asyncio.sleep(0.3)
+    # serve() and the one timer it waits on, whatever the number of tasks
+    assert len(asyncio.all_tasks()) <= before + 2
+    scheduler.stop()
+    await serving
+
+
+async def test_cancelling_serve_cancels_running_tasks(locks: LockService) -> None:
+    scheduler = Scheduler(locks, shutdown_timeout=0.2, prune=None)
+    started = asyncio.Event()
+
+    @scheduler.cron("* * * * * *", name="endless")
+    async def endless() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    serving = asyncio.ensure_future(scheduler.serve())
+    await asyncio.wait_for(started.wait(), 5)
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert await locks.store.holders("endless") == []
