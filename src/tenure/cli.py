@@ -204,16 +204,19 @@ async def _tasks(url: str, task: str | None, limit: int, as_json: bool) -> None:
     if not records:
         print("no run records")
         return
-    print(f"{'task':<24} {'occurrence':<19} {'instance':<22} {'took':>7} outcome")
+    # 80 columns: task 20, occurrence 19, instance 18, duration 7, outcome and error.
+    print(f"{'task':<20} {'occurrence (UTC)':<19} {'instance':<18} {'took':>7} outcome")
     for r in records:
         fire = (
             datetime.fromtimestamp(r.fire_time, UTC).strftime("%Y-%m-%d %H:%M:%S")
             if r.fire_time is not None
             else "manual"
         )
-        took = f"{r.ended - r.started:6.2f}s" if r.ended is not None else "      -"
-        line = f"{r.task[:24]:<24} {fire:<19} {r.instance[:22]:<22} {took:>7} {r.outcome}"
-        print(line + (f": {r.error}" if r.error else ""))
+        took = f"{r.ended - r.started:6.2f}s" if r.ended is not None else "-"
+        line = f"{r.task[:20]:<20} {fire:<19} {r.instance[:18]:<18} {took:>7} {r.outcome}"
+        if r.error:
+            line += f": {r.error}"
+        print(line if len(line) <= 80 else line[:79] + "…")
 
 
 def _record(r: RunRecord) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""The `tenure` command: run, tasks, and its errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tenure import LockService
+
+from .helpers.procs import ROOT
+
+
+def tenure(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
+    env.pop("TENURE_URL", None)
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "tenure", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        **kwargs,
+    )
+
+
+async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/cli.db"
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenure", "run", "tests.helpers.cli_app:make", "--url", url],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        async with LockService.from_url(url) as locks:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if [r for r in await locks.store.runs("cli.tick") if r.outcome == "ran"]:
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                pytest.fail("tenure run ran nothing in 20 s")
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    shown = await asyncio.to_thread(tenure, "tasks", "--url", url)
+    assert shown.returncode == 0
+    assert "cli.tick" in shown.stdout and " ran" in shown.stdout
+    as_json = json.loads((await asyncio.to_thread(tenure, "tasks", "--url", url, "--json")).stdout)
+    assert as_json and {"task", "fire_time", "instance", "outcome"} <= set(as_json[0])
+    assert all(len(line) <= 80 for line in shown.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("tasks",), "no store URL"),
+        (("tasks", "--url", "mysql://u:secret@h/db"), "known schemes: memory, sqlite"),
+        (("run", "nonsense"), "MODULE:ATTR"),
+        (("run", "no_such_module_xyz:app", "--url", "memory://"), "cannot import"),
+        (("run", "tests.helpers.cli_app:missing", "--url", "memory://"), "no attribute"),
+        (("run", "tests.helpers.cli_app:not_a_scheduler"), "neither a Scheduler"),
+        (("demo", "--instances", "0"), "--instances"),
+    ],
+)
+def test_errors_are_one_clear_line(args: tuple[str, ...], says: str) -> None:
+    result = tenure(*args)
+    assert result.returncode == 2
+    assert says in result.stderr
+    assert result.stderr.startswith("tenure: ")
+    assert "secret" not in result.stderr and "Traceback" not in result.stderr
