@@ -242,9 +242,11 @@ class Renewer:
 
     def discard(self, state: LeaseState) -> None:
         """Note that ``state`` was released; its heap entry is dropped lazily."""
-        with self._guard:
-            self._dead += 1
-            if self._dead > 1024 and self._dead * 2 > len(self._heap):
+        # The count only decides when to compact, so a lost update between
+        # threads costs nothing; the guard is taken only to compact.
+        self._dead += 1
+        if self._dead > 1024 and self._dead * 2 > len(self._heap):
+            with self._guard:
                 self._heap = [entry for entry in self._heap if not _dead(entry[2])]
                 heapq.heapify(self._heap)
                 self._dead = 0

@@ -194,3 +194,21 @@ async def test_prune_is_a_scheduled_task_that_keeps_fencing(locks: LockService) 
 
 def test_prune_can_be_turned_off(locks: LockService) -> None:
     assert "tenure.prune" not in Scheduler(locks, prune=None).tasks
+
+
+async def test_a_lost_lock_is_recorded_as_lost(scheduler: Scheduler, locks: LockService) -> None:
+    from tenure import LockLost, current_lock
+
+    async def vanishing() -> None:
+        lock = current_lock()
+        await locks.store.release(lock.name, lock.token)  # the lease is gone from under it
+        await asyncio.sleep(30)
+
+    scheduler.add(vanishing, "* * * * *", name="vanishing", ttl=1)
+    with pytest.raises(LockLost):
+        await asyncio.wait_for(scheduler.tasks.run("vanishing", occurrence=60.0), 10)
+    [record] = await locks.store.runs("vanishing")
+    assert record.outcome == RunOutcome.LOST
+    assert record.error is not None
+    assert "lost" in record.error
+    assert scheduler.tasks.counts[RunOutcome.LOST] == 1
