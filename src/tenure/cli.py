@@ -24,6 +24,7 @@ from .errors import ConfigurationError, TenureError
 from .locks import LockService
 from .schedule import Scheduler
 from .stores import _mask
+from .stores import from_url as store_from_url
 from .stores.base import RunRecord
 
 __all__ = ("main",)
@@ -80,7 +81,8 @@ def demo(instances: int, seconds: float, url: str | None, skew: float) -> int:
     if url is None:
         workdir = tempfile.mkdtemp(prefix="tenure-demo-")
         url = f"sqlite://{Path(workdir) / 'demo.db'}"
-    LockService.from_url(url)  # a bad URL fails here, once, with its own message
+    # A bad URL fails here, once, with its own message, not in every instance.
+    asyncio.run(store_from_url(url).aclose())
     offsets = [(i - (instances - 1) / 2) * skew for i in range(instances)]
     print(f"tenure demo: {instances} instances of one application on {_mask(url)}")
     print(f"each runs the task {DEMO_TASK!r} every second, for {seconds:g} s; their clocks")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -30,7 +31,7 @@ async def main(url: str) -> None:
     loop = asyncio.get_running_loop()
     lock: Lock | None = None
     async with LockService.from_url(url) as locks:
-        say(ready=True, pid=__import__("os").getpid())
+        say(ready=True, pid=os.getpid())
         while True:
             line = await loop.run_in_executor(None, sys.stdin.readline)
             if not line:

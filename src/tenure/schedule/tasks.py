@@ -146,7 +146,8 @@ class ScheduledTaskStore:
             outcome=RunOutcome.RUNNING,
         )
         await self.locks.store.record_run(record, keep=self.keep_runs)
-        error: str | None = None
+        result: RunOutcome = RunOutcome.FAILED
+        error: str | None = "interrupted"
         try:
             if task.exclusive:
                 outcome = await self.locks.run_exclusively(
@@ -166,6 +167,7 @@ class ScheduledTaskStore:
             error = "".join(traceback.format_exception_only(exc)).strip()
             raise
         else:
+            error = None
             result = RunOutcome.RAN if outcome is Outcome.RAN else RunOutcome.SKIPPED
             if outcome is Outcome.SKIPPED:
                 log.debug("task %r: the lock is held by another run, skipped", name)
