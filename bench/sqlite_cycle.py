@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import sqlite3
 import statistics
 import tempfile
@@ -56,7 +55,7 @@ def main() -> None:
     conn = hand_written(directory / "hand.db")
 
     def hand_cycle() -> None:
-        token = secrets.token_hex(16)
+        token = os.urandom(16).hex()
         now = time.monotonic_ns()
         rows = conn.execute(
             "INSERT INTO lease VALUES (?1, ?2, ?3 + 30000000000) ON CONFLICT (name) DO UPDATE"

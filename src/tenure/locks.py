@@ -262,7 +262,7 @@ class LockService:
             wait = _validate.check_wait(wait)
         if self._closed:
             raise TenureError("this LockService is closed; make a new one")
-        if not self._renewer.running:
+        if self._renewer._thread is None:
             self.start()
         lock = await self._try_acquire(name, ttl)
         if lock is not None or wait == 0:
@@ -278,7 +278,7 @@ class LockService:
                 return lock
 
     async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
-        token = secrets.token_hex(16)
+        token = os.urandom(16).hex()  # 128 bits from the OS CSPRNG, as secrets uses
         sent = time.monotonic()
         try:
             grant = await self.store.acquire(name, token, ttl, self.holder)

@@ -188,4 +188,5 @@ async def test_waiter_rows_are_removed_after_waiting(tmp_path: Path) -> None:
         assert await locks.acquire("w", ttl=1, wait=0.2) is None
     conn = sqlite3.connect(tmp_path / "waiters.db")
     assert conn.execute("SELECT count(*) FROM tenure_waiters").fetchone()[0] == 0
+    assert conn.execute("SELECT waiting FROM tenure_leases WHERE name = 'w'").fetchone()[0] == 0
     conn.close()

@@ -118,19 +118,29 @@ class SQLiteStore(Store):
         self._sender: socket.socket | None = None
         self._closed = False
         p = prefix
+        # Acquire: a name seen before is one UPDATE of its row (the common
+        # case); only a name without a row needs the INSERT, which reads the
+        # fencing floor. Each is a single atomic statement; a contended name
+        # costs both, and both change nothing.
         self._sql_acquire = (
+            f"UPDATE {p}_leases SET token = ?2, holder = ?3, fence = fence + 1,"
+            " expires = ?4 + ?5, acquired = ?6 "
+            "WHERE name = ?1 AND (token IS NULL OR expires <= ?4) RETURNING fence"
+        )
+        self._sql_acquire_new = (
             f"INSERT INTO {p}_leases (name, token, holder, fence, expires, acquired) "
             f"VALUES (?1, ?2, ?3, (SELECT value FROM {p}_meta WHERE key = 'fence_floor') + 1,"
-            " ?4 + ?5, ?6) "
-            "ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder,"
-            f" fence = {p}_leases.fence + 1, expires = excluded.expires,"
-            " acquired = excluded.acquired "
-            f"WHERE {p}_leases.token IS NULL OR {p}_leases.expires <= ?4 "
-            "RETURNING fence"
+            " ?4 + ?5, ?6) ON CONFLICT (name) DO NOTHING RETURNING fence"
         )
-        # Two shapes of release: the live one (the common case, one statement)
-        # and, only when that matched nothing, the cleanup of our own lapsed row.
+        # Release: with nobody waiting (the row's ``waiting`` flag, kept by
+        # triggers on the waiters table) one UPDATE whose row count says it
+        # all. Otherwise the statement returns the waiters' addresses, and our
+        # own lapsed row is cleaned up by a last, separate statement.
         waiters = f"(SELECT group_concat(addr, ' ') FROM {p}_waiters WHERE name = ?1)"
+        self._sql_release_alone = (
+            f"UPDATE {p}_leases SET token = NULL, holder = NULL, expires = 0 "
+            "WHERE name = ?1 AND token = ?2 AND expires > ?3 AND waiting = 0"
+        )
         self._sql_release = (
             f"UPDATE {p}_leases SET token = NULL, holder = NULL, expires = 0 "
             f"WHERE name = ?1 AND token = ?2 AND expires > ?3 RETURNING {waiters}"
@@ -148,7 +158,7 @@ class SQLiteStore(Store):
             f"RETURNING {p}_leases.name, {p}_leases.token"
         )
         self._sql_wait = (
-            f"INSERT OR REPLACE INTO {p}_waiters (addr, name, until) VALUES (?1, ?2, ?3) "
+            f"INSERT INTO {p}_waiters (addr, name, until) VALUES (?1, ?2, ?3) "
             f"RETURNING (SELECT expires FROM {p}_leases WHERE name = ?2 AND token IS NOT NULL)"
         )
         self._sql_unwait = f"DELETE FROM {p}_waiters WHERE addr = ?1"
@@ -297,13 +307,23 @@ class SQLiteStore(Store):
                 conn.execute(f"CREATE TABLE {p}_meta (key TEXT PRIMARY KEY, value ANY) STRICT")
                 conn.execute(
                     f"CREATE TABLE {p}_leases (name TEXT PRIMARY KEY, token TEXT, holder TEXT,"
-                    " fence INTEGER NOT NULL, expires INTEGER NOT NULL, acquired REAL) STRICT"
+                    " fence INTEGER NOT NULL, expires INTEGER NOT NULL, acquired REAL,"
+                    " waiting INTEGER NOT NULL DEFAULT 0) STRICT"
                 )
                 conn.execute(
                     f"CREATE TABLE {p}_waiters (addr TEXT PRIMARY KEY, name TEXT NOT NULL,"
                     " until INTEGER NOT NULL) STRICT"
                 )
                 conn.execute(f"CREATE INDEX {p}_waiters_name ON {p}_waiters (name)")
+                conn.execute(
+                    f"CREATE TRIGGER {p}_waiter_in AFTER INSERT ON {p}_waiters BEGIN"
+                    f" UPDATE {p}_leases SET waiting = 1 WHERE name = NEW.name; END"
+                )
+                conn.execute(
+                    f"CREATE TRIGGER {p}_waiter_out AFTER DELETE ON {p}_waiters BEGIN"
+                    f" UPDATE {p}_leases SET waiting = EXISTS (SELECT 1 FROM {p}_waiters"
+                    " WHERE name = OLD.name) WHERE name = OLD.name; END"
+                )
                 conn.execute(
                     f"CREATE TABLE {p}_claims (task TEXT PRIMARY KEY, fire_time REAL NOT NULL)"
                     " STRICT"
@@ -344,10 +364,17 @@ class SQLiteStore(Store):
     # -- the contract --------------------------------------------------------
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        rows = self._run(
-            self._sql_acquire,
-            (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time()),
-        )
+        params = (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time())
+        try:
+            conn = self._local.conn
+        except AttributeError:
+            conn = self._conn()
+        try:
+            rows = conn.execute(self._sql_acquire, params).fetchall()
+            if not rows:
+                rows = conn.execute(self._sql_acquire_new, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
         return Grant(rows[0][0]) if rows else None
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
@@ -359,7 +386,14 @@ class SQLiteStore(Store):
         return [(item.name, item.token) in renewed for item in batch]
 
     async def release(self, name: str, token: str) -> bool:
-        rows = self._run(self._sql_release, (name, token, time.monotonic_ns()))
+        now = time.monotonic_ns()
+        try:
+            alone = self._conn().execute(self._sql_release_alone, (name, token, now)).rowcount
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
+        if alone:
+            return True
+        rows = self._run(self._sql_release, (name, token, now))
         valid = bool(rows)
         if not valid:
             rows = self._run(self._sql_release_lapsed, (name, token))
