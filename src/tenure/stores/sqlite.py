@@ -13,11 +13,15 @@ or ``full``.
 
 How it stays correct
 --------------------
-* **One statement per operation.** Acquire is an ``INSERT ... ON CONFLICT DO
-  UPDATE ... WHERE expired ... RETURNING``; release and renewal are
-  ``UPDATE ... WHERE token = ?``. A single write statement in autocommit mode
-  takes SQLite's write lock before it reads, so each is atomic across
-  processes, like ``BEGIN IMMEDIATE``. The database runs in WAL mode.
+* **One statement per operation.** Acquire of a name seen before is one
+  ``UPDATE ... WHERE free or expired ... RETURNING fence``; a name without a
+  row takes one ``INSERT ... ON CONFLICT DO NOTHING`` more. Release is one
+  ``UPDATE ... WHERE token = ?`` (plus one that returns the waiters' addresses
+  when the row's ``waiting`` flag, kept by triggers, says someone waits), and
+  a whole renewal batch is one ``UPDATE ... FROM json_each(?)``. A single
+  write statement in autocommit mode takes SQLite's write lock before it
+  reads, so each is atomic across processes, like ``BEGIN IMMEDIATE``. The
+  database runs in WAL mode.
 * **Expiry by the host's monotonic clock.** Expiry times are
   ``CLOCK_MONOTONIC`` nanoseconds, which every process on a Linux host (and
   every container sharing its kernel) reads alike and which no wall-clock
