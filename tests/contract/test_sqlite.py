@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
@@ -190,3 +191,26 @@ async def test_waiter_rows_are_removed_after_waiting(tmp_path: Path) -> None:
     assert conn.execute("SELECT count(*) FROM tenure_waiters").fetchone()[0] == 0
     assert conn.execute("SELECT waiting FROM tenure_leases WHERE name = 'w'").fetchone()[0] == 0
     conn.close()
+
+
+async def test_waiting_flag_follows_the_waiters(tmp_path: Path) -> None:
+    """Release skips the waiter lookup only while the row's flag says nobody waits."""
+    store = SQLiteStore(tmp_path / "flag.db")
+
+    def flag(name: str) -> int:
+        return int(store._run("SELECT waiting FROM tenure_leases WHERE name = ?", (name,))[0][0])
+
+    assert await store.acquire("f", "1" * 32, 5, "h") is not None
+    waiting = asyncio.ensure_future(store.wait_released("f", 5))
+    await asyncio.sleep(0.05)
+    assert flag("f") == 1
+    assert await store.release("f", "1" * 32) is True
+    await asyncio.wait_for(waiting, 2)  # woken by the release, long before its 5 s
+    assert flag("f") == 0
+    # A waiter registered for a name whose row was pruned is seen by the next insert.
+    store._run(store._sql_wait, ("tenure-test-addr", "g", 2**62))
+    assert await store.acquire("g", "2" * 32, 5, "h") is not None
+    assert flag("g") == 1
+    store._run(store._sql_unwait, ("tenure-test-addr",))
+    assert flag("g") == 0
+    await store.aclose()

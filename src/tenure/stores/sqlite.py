@@ -132,9 +132,10 @@ class SQLiteStore(Store):
             "WHERE name = ?1 AND (token IS NULL OR expires <= ?4) RETURNING fence"
         )
         self._sql_acquire_new = (
-            f"INSERT INTO {p}_leases (name, token, holder, fence, expires, acquired) "
+            f"INSERT INTO {p}_leases (name, token, holder, fence, expires, acquired, waiting) "
             f"VALUES (?1, ?2, ?3, (SELECT value FROM {p}_meta WHERE key = 'fence_floor') + 1,"
-            " ?4 + ?5, ?6) ON CONFLICT (name) DO NOTHING RETURNING fence"
+            f" ?4 + ?5, ?6, EXISTS (SELECT 1 FROM {p}_waiters WHERE name = ?1))"
+            " ON CONFLICT (name) DO NOTHING RETURNING fence"
         )
         # Release: with nobody waiting (the row's ``waiting`` flag, kept by
         # triggers on the waiters table) one UPDATE whose row count says it
