@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Servers the tests start throwaway instances of (Debian packages; root or sudo).
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

@@ -24,6 +24,8 @@ from tenure.stores import Store
 from tenure.stores.memory import MemoryStore
 from tenure.stores.sqlite import SQLiteStore
 
+from .servers import RedisServer
+
 
 @dataclass(frozen=True)
 class StoreKind:
@@ -68,12 +70,45 @@ def _sqlite_outage(store: Store) -> Iterator[None]:
         conn.close()
 
 
+_redis: RedisServer | None = None
+
+
+def redis_server() -> RedisServer:
+    """One redis-server for the session, started at first use; tests use their own prefix."""
+    global _redis  # noqa: PLW0603 - a lazily started session resource
+    if _redis is None:
+        _redis = RedisServer()
+    return _redis
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _redis is not None:
+        _redis.stop()
+
+
+@contextlib.contextmanager
+def _redis_outage(store: Store) -> Iterator[None]:
+    """SIGSTOP the server: connections stay open and nothing answers."""
+    server = redis_server()
+    server.pause()
+    try:
+        yield
+    finally:
+        server.resume()
+
+
 STORES: dict[str, StoreKind] = {
     "memory": StoreKind(
         "memory", lambda tmp: f"memory://test-{uuid.uuid4().hex}", _memory_outage, False
     ),
     "sqlite": StoreKind(
         "sqlite", lambda tmp: f"sqlite://{tmp}/locks.db?busy_timeout=0.1", _sqlite_outage, True
+    ),
+    "redis": StoreKind(
+        "redis",
+        lambda tmp: f"{redis_server().url}?prefix=t{uuid.uuid4().hex[:12]}",
+        _redis_outage,
+        True,
     ),
 }
 

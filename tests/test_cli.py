@@ -72,7 +72,10 @@ async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Pa
     ("args", "says"),
     [
         (("tasks",), "no store URL"),
-        (("tasks", "--url", "mysql://u:secret@h/db"), "known schemes: memory, sqlite"),
+        (
+            ("tasks", "--url", "mysql://u:secret@h/db"),
+            "known schemes: memory, redis, rediss, sqlite, unix",
+        ),
         (("run", "nonsense"), "MODULE:ATTR"),
         (("run", "no_such_module_xyz:app", "--url", "memory://"), "cannot import"),
         (("run", "tests.helpers.cli_app:missing", "--url", "memory://"), "no attribute"),

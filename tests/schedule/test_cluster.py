@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from tenure import LockService
 
@@ -23,8 +22,8 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
 
 
-async def test_demo_three_skewed_instances_run_each_occurrence_once(tmp_path: Path) -> None:
-    url = f"sqlite://{tmp_path}/demo.db"
+async def test_demo_three_skewed_instances_run_each_occurrence_once(shared_url: str) -> None:
+    url = shared_url
     result = await asyncio.to_thread(
         subprocess.run,
         [
@@ -87,9 +86,9 @@ def _read(proc: subprocess.Popen[str], timeout: float) -> dict[str, object]:
 
 
 async def test_sigkill_of_the_running_instance_lets_another_take_the_next_occurrence(
-    tmp_path: Path,
+    shared_url: str,
 ) -> None:
-    url = f"sqlite://{tmp_path}/kill.db"
+    url = shared_url
     a = _start(url, work=60)
     b = None
     try:

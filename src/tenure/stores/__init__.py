@@ -20,6 +20,9 @@ __all__ = ("Grant", "LeaseInfo", "RenewItem", "Store", "from_url", "known_scheme
 _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "memory": ("tenure.stores.memory", "MemoryStore", None),
     "sqlite": ("tenure.stores.sqlite", "SQLiteStore", None),
+    "redis": ("tenure.stores.redis", "RedisStore", "redis"),
+    "rediss": ("tenure.stores.redis", "RedisStore", "redis"),
+    "unix": ("tenure.stores.redis", "RedisStore", "redis"),
 }
 
 

@@ -1,0 +1,299 @@
+"""The Redis store: leases as hashes with a server-side expiry (``PEXPIRE``).
+
+URL forms: ``redis://[user:password@]host:port/db``, ``rediss://`` (TLS),
+``unix:///path/to/redis.sock``, with redis-py's query options
+(``socket_timeout``, ``ssl_cert_reqs`` ...) and ours: ``prefix`` (default
+``tenure``). Socket and connect timeouts default to 2 s, so a Redis that
+stops answering makes ``acquire`` raise instead of hang. A command that finds
+its pooled connection closed (the server restarted) is retried once on a new
+connection; a timed-out one is not.
+
+* Keys of one lock share a hash tag, ``{prefix:name}``: the lease hash
+  (``...:lease``) and its fencing counter (``...:fence``, never expires).
+* Acquire, release and each renewal batch are one Lua script call each
+  (``redis_scripts/*.lua``, each headed by its KEYS, ARGV and return). Expiry
+  is Redis's own ``PEXPIRE``; no client timestamp is ever compared.
+* Fencing tokens never go below the server's ``TIME`` in microseconds, so a
+  Redis without persistence that restarts empty still hands out larger ones.
+  What such a restart does lose is the leases themselves: a holder keeps
+  believing it holds a lock that another client can now acquire, until its
+  next renewal finds the token gone. With ``appendonly yes`` and
+  ``appendfsync always`` the leases survive a restart.
+* Waiters subscribe to the lease's release channel before they look at the
+  lease, so a release between the two cannot be missed; they also wake when
+  the lease's remaining time (``PTTL``) runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+
+from ..errors import ConfigurationError, StoreUnavailable
+from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+
+__all__ = ("RedisStore",)
+
+_SCRIPTS = ("acquire", "release", "renew", "claim")
+
+
+def _load_script(name: str) -> str:
+    return resources.files("tenure.stores").joinpath(f"redis_scripts/{name}.lua").read_text()
+
+
+_SOURCES = {name: _load_script(name) for name in _SCRIPTS}
+
+
+def _escape_glob(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def _mask(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
+
+
+class RedisStore(Store):
+    """Leases in Redis. See the module docstring."""
+
+    scheme: ClassVar[str] = "redis"
+
+    def __init__(self, url: str, *, prefix: str = "tenure") -> None:
+        if not prefix or any(ch in prefix for ch in "{}") or not prefix.isprintable():
+            raise ConfigurationError(
+                f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
+            )
+        self.url = url
+        self.prefix = prefix
+        try:
+            self._client: aioredis.Redis = aioredis.from_url(
+                url,
+                socket_timeout=2.0,
+                socket_connect_timeout=2.0,
+                decode_responses=False,
+                # One immediate retry on a broken connection (a restarted
+                # server closes every pooled one), never on a timeout: a
+                # timed-out command may have run, and a retried acquire would
+                # then see its own lease as contention.
+                retry=Retry(NoBackoff(), 1, (RedisConnectionError,)),
+            )
+        except (ValueError, TypeError, RedisError) as exc:
+            raise ConfigurationError(f"bad Redis URL {_mask(url)!r}: {exc}") from None
+        self._sha: dict[str, str] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        prefix = "tenure"
+        rest = []
+        for key, value in query:
+            if key == "prefix":
+                prefix = value
+            else:
+                rest.append((key, value))
+        clean = urlunsplit(parts._replace(query=urlencode(rest)))
+        return cls(clean, prefix=prefix)
+
+    def describe(self) -> str:
+        return _mask(self.url)
+
+    def sibling(self) -> RedisStore:
+        # redis.asyncio connections belong to the loop that opened them.
+        return RedisStore(self.url, prefix=self.prefix)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- keys and scripts ----------------------------------------------------
+
+    def _tag(self, name: str) -> str:
+        return f"{{{self.prefix}:{name}}}"
+
+    def _lease(self, name: str) -> str:
+        return self._tag(name) + ":lease"
+
+    def _channel(self, name: str) -> str:
+        return self._tag(name) + ":released"
+
+    async def _script(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        try:
+            sha = self._sha.get(name)
+            if sha is None:
+                sha = self._sha[name] = await self._client.script_load(_SOURCES[name])
+            try:
+                return await self._client.evalsha(sha, len(keys), *keys, *args)
+            except NoScriptError:  # the server restarted or flushed its script cache
+                self._sha[name] = await self._client.script_load(_SOURCES[name])
+                return await self._client.evalsha(self._sha[name], len(keys), *keys, *args)
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        except OSError as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._client, method)(*args)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+    # -- the contract --------------------------------------------------------
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        tag = self._tag(name)
+        fence = await self._script(
+            "acquire", (tag + ":lease", tag + ":fence"), (token, max(1, round(ttl * 1000)), holder)
+        )
+        return None if fence is None else Grant(int(fence))
+
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        if not batch:
+            return []
+        keys = [self._lease(item.name) for item in batch]
+        args: list[str | int | float] = []
+        for item in batch:
+            args += [item.token, max(1, round(item.ttl * 1000))]
+        result = await self._script("renew", keys, args)
+        return [bool(x) for x in result]
+
+    async def release(self, name: str, token: str) -> bool:
+        done = await self._script("release", (self._lease(name),), (token, self._channel(name)))
+        return bool(done)
+
+    async def wait_released(self, name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pubsub = self._client.pubsub()
+        try:
+            try:
+                await pubsub.subscribe(self._channel(name))
+                # Subscribed first, then look: a release in between is not missed.
+                remaining_ms = await self._client.pttl(self._lease(name))
+            except (RedisError, OSError) as exc:
+                raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+            if remaining_ms < 0:  # -2: no lease; -1 cannot happen (always PEXPIREd)
+                return
+            until = min(deadline, time.monotonic() + remaining_ms / 1000)
+            while (left := until - time.monotonic()) > 0:
+                try:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                except (RedisError, OSError) as exc:
+                    raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+                if message is not None:
+                    return
+        finally:
+            try:
+                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+            except (RedisError, OSError):
+                pass
+
+    async def holders(self, prefix: str = "") -> list[LeaseInfo]:
+        pattern = f"{{{_escape_glob(self.prefix)}:{_escape_glob(prefix)}*}}:lease"
+        try:
+            keys = [key async for key in self._client.scan_iter(match=pattern, count=500)]
+            infos = []
+            for key in keys:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.hmget(key, "holder", "fence")
+                    pipe.pttl(key)
+                    (holder, fence), pttl = await pipe.execute()
+                if fence is None or pttl < 0:
+                    continue
+                name = key.decode()[len(self.prefix) + 2 : -len("}:lease")]
+                infos.append(LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        return sorted(infos, key=lambda info: info.name)
+
+    # -- the scheduler's records -----------------------------------------------
+
+    def _runs_keys(self, task: str) -> tuple[str, str]:
+        tag = f"{{{self.prefix}:runs:{task}}}"
+        return tag + ":records", tag + ":index"
+
+    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        key = f"{{{self.prefix}:claims}}:{task}"
+        return bool(await self._script("claim", (key,), (repr(float(fire_time)),)))
+
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        records, index = self._runs_keys(record.task)
+        payload = json.dumps(
+            [
+                record.run_id,
+                record.task,
+                record.fire_time,
+                record.instance,
+                record.started,
+                record.ended,
+                record.outcome,
+                record.error,
+            ]
+        )
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hset(records, record.run_id, payload)
+                pipe.zadd(index, {record.run_id: record.started})
+                pipe.sadd(f"{{{self.prefix}:tasks}}", record.task)
+                await pipe.execute()
+            if record.ended is not None:
+                await self._trim(record.task, keep)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+    async def _trim(self, task: str, keep: int) -> int:
+        records, index = self._runs_keys(task)
+        old = await self._client.zrange(index, 0, -keep - 1)
+        if not old:
+            return 0
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hdel(records, *old)
+            pipe.zrem(index, *old)
+            await pipe.execute()
+        return len(old)
+
+    async def _task_names(self) -> list[str]:
+        names: Any = await self._client.smembers(f"{{{self.prefix}:tasks}}")
+        return [name.decode() for name in names]
+
+    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        try:
+            if task is None:
+                tasks = await self._task_names()
+            else:
+                tasks = [task]
+            found: list[RunRecord] = []
+            for name in tasks:
+                records, index = self._runs_keys(name)
+                ids: Any = await self._client.zrevrange(index, 0, limit - 1)
+                if ids:
+                    for raw in await self._client.hmget(records, list(ids)):
+                        if raw is not None:
+                            found.append(RunRecord(*json.loads(raw)))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        found.sort(key=lambda r: r.started, reverse=True)
+        return found[:limit]
+
+    async def prune(self, *, keep_runs: int) -> int:
+        # Leases expire by themselves in Redis and fencing counters must stay;
+        # only run records need trimming.
+        try:
+            tasks = await self._task_names()
+            return sum([await self._trim(task, keep_runs) for task in tasks])
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc

@@ -1,0 +1,139 @@
+"""What only the Redis store has to show: ACLs, restarts, scripts, hash tags, its URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.crc import key_slot
+
+from tenure import ConfigurationError, LockService, StoreUnavailable
+from tenure.renewer import LOST_BY_STORE
+from tenure.stores.redis import RedisStore
+
+from ..helpers.procs import ROOT
+from ..servers import RedisServer
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A server of the test's own, which it may restart."""
+    own = RedisServer()
+    yield own
+    own.stop()
+
+
+async def test_acl_user_with_password() -> None:
+    acl = RedisServer(
+        *("--user", "default", "off"),
+        *("--user", "app", "on", ">s3cret-pass", "~*", "&*", "+@all"),
+    )
+    try:
+        url = f"redis://app:s3cret-pass@127.0.0.1:{acl.port}/0"
+        async with LockService.from_url(url) as locks:
+            lock = await locks.acquire("acl", ttl=1)
+            assert lock is not None
+            assert await lock.release() is True
+            assert "s3cret-pass" not in locks.store.describe()
+        wrong = LockService.from_url(f"redis://app:wrong-pass@127.0.0.1:{acl.port}/0")
+        with pytest.raises(StoreUnavailable) as caught:
+            await wrong.acquire("acl", ttl=1)
+        assert "wrong-pass" not in str(caught.value)
+        await wrong.close()
+    finally:
+        acl.stop()
+
+
+async def test_fencing_keeps_increasing_across_an_empty_restart(server: RedisServer) -> None:
+    async with LockService.from_url(server.url) as locks:
+        lock = await locks.acquire("restart", ttl=1)
+        assert lock is not None
+        before = lock.fencing_token
+        server.restart()  # no persistence: the server comes back empty
+        async with LockService.from_url(server.url) as other:
+            # What Redis without persistence cannot keep: the lease itself is
+            # forgotten, so another client gets it while the first still holds.
+            stolen = await other.acquire("restart", ttl=1)
+            assert stolen is not None, "the restart bit: the lease was forgotten"
+            assert stolen.fencing_token > before
+            # The first holder's next renewal finds its token gone: signalled, not hidden.
+            await asyncio.wait_for(lock.wait_lost(), 5)
+            assert lock.lost_reason == LOST_BY_STORE
+            assert await lock.release() is False
+            assert stolen.held
+
+
+async def test_scripts_are_reloaded_when_the_server_forgot_them(server: RedisServer) -> None:
+    async with LockService.from_url(server.url) as locks:
+        first = await locks.acquire("noscript", ttl=1)
+        assert first is not None
+        await first.release()
+        client = Redis.from_url(server.url)
+        await client.script_flush()
+        await client.aclose()
+        again = await locks.acquire("noscript", ttl=1)
+        assert again is not None
+        assert again.fencing_token > first.fencing_token
+
+
+async def test_keys_of_one_lock_share_a_hash_slot(server: RedisServer) -> None:
+    async with LockService.from_url(f"{server.url}?prefix=app1") as locks:
+        assert await locks.acquire("orders:42", ttl=1) is not None
+        client = Redis.from_url(server.url)
+        raw: list[bytes] = await client.keys("*orders:42*")  # type: ignore[assignment]
+        keys = sorted(k.decode() for k in raw)
+        await client.aclose()
+    assert keys == ["{app1:orders:42}:fence", "{app1:orders:42}:lease"]
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+async def test_prefixes_separate_applications(server: RedisServer) -> None:
+    async with (
+        LockService.from_url(f"{server.url}?prefix=one") as one,
+        LockService.from_url(f"{server.url}?prefix=two") as two,
+    ):
+        assert await one.acquire("shared-name", ttl=1) is not None
+        assert await two.acquire("shared-name", ttl=1) is not None
+        assert [i.name for i in await one.store.holders()] == ["shared-name"]
+
+
+async def test_glob_characters_in_names_do_not_leak_into_holders(server: RedisServer) -> None:
+    async with LockService.from_url(server.url) as locks:
+        for name in ("a*", "a[b]", "ab", "a?c"):
+            assert await locks.acquire(name, ttl=1) is not None
+        assert [i.name for i in await locks.store.holders("a*")] == ["a*"]
+        assert [i.name for i in await locks.store.holders("a[")] == ["a[b]"]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://127.0.0.1:notaport/0", "bad Redis URL"),
+        ("redis://127.0.0.1:6379/0?prefix={x}", "braces"),
+    ],
+)
+def test_bad_redis_urls(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        RedisStore.from_url(url)
+
+
+def test_a_missing_driver_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['redis'] = None\n"
+        "from tenure import LockService, ConfigurationError\n"
+        "try:\n"
+        "    LockService.from_url('redis://127.0.0.1:1/0')\n"
+        "except ConfigurationError as e:\n"
+        "    print(e)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert "pip install 'tenure[redis]'" in out
