@@ -22,12 +22,14 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server in a temporary directory, without persistence unless asked."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, tls: Path | None = None) -> None:
+        """``tls``: a directory with cert.pem and key.pem; the server then speaks only TLS."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
         self.binary = binary
         self.extra = extra
+        self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-redis-"))
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -35,24 +37,28 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls / 'cert.pem'}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:
+            ports = [
+                *("--port", "0", "--tls-port", str(self.port)),
+                *("--tls-cert-file", str(self.tls / "cert.pem")),
+                *("--tls-key-file", str(self.tls / "key.pem")),
+                *("--tls-ca-cert-file", str(self.tls / "cert.pem"), "--tls-auth-clients", "no"),
+            ]
         self.proc = subprocess.Popen(
             [
                 self.binary,
-                "--port",
-                str(self.port),
+                *ports,
                 "--bind",
                 "127.0.0.1",
                 "--dir",
                 str(self.dir),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
+                *("--save", "", "--appendonly", "no", "--daemonize", "no"),
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
@@ -62,6 +68,8 @@ class RedisServer:
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    if self.tls is not None:
+                        return  # listening; the TLS handshake is the test's business
                     sock.sendall(b"PING\r\n")
                     if sock.recv(64):  # PONG, or NOAUTH when the default user is off
                         return
@@ -87,3 +95,30 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def self_signed_cert(directory: Path) -> Path:
+    """A self-signed certificate for 127.0.0.1 (cert.pem, key.pem) made with openssl."""
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(directory / "key.pem"),
+            "-out",
+            str(directory / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return directory

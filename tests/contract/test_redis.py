@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -17,7 +18,7 @@ from tenure.renewer import LOST_BY_STORE
 from tenure.stores.redis import RedisStore
 
 from ..helpers.procs import ROOT
-from ..servers import RedisServer
+from ..servers import RedisServer, self_signed_cert
 
 
 @pytest.fixture
@@ -47,6 +48,25 @@ async def test_acl_user_with_password() -> None:
         await wrong.close()
     finally:
         acl.stop()
+
+
+async def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:
+    tls = RedisServer(tls=self_signed_cert(tmp_path))
+    try:
+        assert tls.url.startswith("rediss://")
+        async with LockService.from_url(tls.url) as locks:
+            lock = await locks.acquire("tls", ttl=1)
+            assert lock is not None
+            await asyncio.sleep(0.5)  # a renewal, on the renewer's own TLS connection
+            assert lock.held
+            assert await lock.release() is True
+        # Without the CA the handshake fails: the connection really is TLS.
+        plain_ca = tls.url.split("?")[0] + "?ssl_cert_reqs=required"
+        async with LockService.from_url(plain_ca) as strict:
+            with pytest.raises(StoreUnavailable):
+                await strict.acquire("tls", ttl=1)
+    finally:
+        tls.stop()
 
 
 async def test_fencing_keeps_increasing_across_an_empty_restart(server: RedisServer) -> None:
