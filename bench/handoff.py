@@ -1,4 +1,4 @@
-"""SQLite: release-to-waiter handoff latency between two processes.
+"""Release-to-waiter handoff latency between two processes, on any store.
 
 One process holds a lock; another waits for it with ``wait=``. The holder
 notes ``time.monotonic_ns()`` (one clock for every process of a Linux host)
@@ -6,7 +6,7 @@ just before it releases; the waiter notes it just after its acquire returns.
 The difference is the handoff: the release, the datagram that wakes the
 waiter, and the waiter's acquire.
 
-    python bench/sqlite_handoff.py [--n 200]
+    python bench/handoff.py [--n 200] [--url URL]     (default: a temporary SQLite file)
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ async def holder(url: str, n: int, pipe: Connection) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--url", help="store URL (default: a temporary SQLite file)")
     args = parser.parse_args()
-    url = f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
+    url = args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
     ours, theirs = mp.Pipe()
     proc = mp.get_context("spawn").Process(target=waiter, args=(url, args.n, theirs))
     proc.start()
@@ -68,7 +69,7 @@ def main() -> None:
     def p(q: float) -> float:
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
 
-    print(f"SQLite handoff to a waiting process, {args.n} handoffs:")
+    print(f"handoff to a waiting process on {url.split(':')[0]}, {args.n} handoffs:")
     print(
         f"  median {statistics.median(latencies):.2f} ms   p90 {p(0.9):.2f} ms   "
         f"p99 {p(0.99):.2f} ms   max {latencies[-1]:.2f} ms"
