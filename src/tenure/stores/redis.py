@@ -27,8 +27,9 @@ connection; a timed-out one is not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import time
+import logging
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any, ClassVar
@@ -44,6 +45,8 @@ from ..errors import ConfigurationError, StoreUnavailable
 from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("RedisStore",)
+
+log = logging.getLogger("tenure.stores.redis")
 
 _SCRIPTS = ("acquire", "release", "renew", "claim")
 
@@ -94,6 +97,10 @@ class RedisStore(Store):
         except (ValueError, TypeError, RedisError) as exc:
             raise ConfigurationError(f"bad Redis URL {_mask(url)!r}: {exc}") from None
         self._sha: dict[str, str] = {}
+        self._pubsub: Any = None
+        self._listener: asyncio.Task[None] | None = None
+        self._confirmed: dict[bytes, asyncio.Event] = {}
+        self._waiting: dict[bytes, set[asyncio.Future[None]]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -117,6 +124,10 @@ class RedisStore(Store):
         return RedisStore(self.url, prefix=self.prefix)
 
     async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
         await self._client.aclose()
 
     # -- keys and scripts ----------------------------------------------------
@@ -177,30 +188,84 @@ class RedisStore(Store):
         return bool(done)
 
     async def wait_released(self, name: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        pubsub = self._client.pubsub()
+        channel = self._channel(name).encode()
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        self._waiting.setdefault(channel, set()).add(woken)
         try:
             try:
-                await pubsub.subscribe(self._channel(name))
-                # Subscribed first, then look: a release in between is not missed.
+                confirmed = await self._subscribe(channel)
+                # Subscribed (confirmed by the server) first, then look at the
+                # lease: a release in between cannot be missed.
+                await asyncio.wait_for(confirmed.wait(), timeout)
                 remaining_ms = await self._client.pttl(self._lease(name))
+            except TimeoutError:
+                return
             except (RedisError, OSError) as exc:
                 raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
             if remaining_ms < 0:  # -2: no lease; -1 cannot happen (always PEXPIREd)
                 return
-            until = min(deadline, time.monotonic() + remaining_ms / 1000)
-            while (left := until - time.monotonic()) > 0:
-                try:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
-                except (RedisError, OSError) as exc:
-                    raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
-                if message is not None:
-                    return
-        finally:
             try:
-                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
-            except (RedisError, OSError):
+                await asyncio.wait_for(woken, min(timeout, remaining_ms / 1000))
+            except TimeoutError:
                 pass
+        finally:
+            waiters = self._waiting.get(channel)
+            if waiters is not None:
+                waiters.discard(woken)
+                if not waiters:
+                    del self._waiting[channel]
+                    self._unsubscribe(channel)
+
+    async def _subscribe(self, channel: bytes) -> asyncio.Event:
+        """Subscribe the store's one pub/sub connection to ``channel``; its confirmation."""
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None:
+            confirmed = self._confirmed[channel] = asyncio.Event()
+            await self._pubsub.subscribe(channel)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.ensure_future(self._listen(self._pubsub))
+        return confirmed
+
+    def _unsubscribe(self, channel: bytes) -> None:
+        self._confirmed.pop(channel, None)
+        pubsub = self._pubsub
+        if pubsub is not None:
+            task = asyncio.ensure_future(pubsub.unsubscribe(channel))
+            task.add_done_callback(_quiet)
+
+    async def _listen(self, pubsub: Any) -> None:
+        """Read the pub/sub connection: confirm subscriptions, wake waiters on releases."""
+        try:
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is None:
+                    continue
+                channel = message["channel"]
+                if message["type"] == "subscribe":
+                    confirmed = self._confirmed.get(channel)
+                    if confirmed is not None:
+                        confirmed.set()
+                elif message["type"] == "message":
+                    for woken in self._waiting.get(channel, ()):
+                        if not woken.done():
+                            woken.set_result(None)
+        except (RedisError, OSError) as exc:
+            log.debug("the Redis pub/sub connection failed, waiters re-check: %s", exc)
+        finally:
+            # Whatever ended the connection, every waiter wakes to re-check, and
+            # the next wait opens a new one.
+            if self._pubsub is pubsub:
+                self._pubsub = None
+                self._confirmed.clear()
+            for waiters in self._waiting.values():
+                for woken in waiters:
+                    if not woken.done():
+                        woken.set_result(None)
+            with contextlib.suppress(RedisError, OSError):
+                await asyncio.shield(pubsub.aclose())
 
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
         pattern = f"{{{_escape_glob(self.prefix)}:{_escape_glob(prefix)}*}}:lease"
@@ -297,3 +362,8 @@ class RedisStore(Store):
             return sum([await self._trim(task, keep_runs) for task in tasks])
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+
+def _quiet(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("unsubscribing failed: %s", task.exception())
