@@ -24,7 +24,7 @@ from tenure.stores import Store
 from tenure.stores.memory import MemoryStore
 from tenure.stores.sqlite import SQLiteStore
 
-from .servers import RedisServer
+from .servers import RedisClusterServers, RedisServer
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,31 @@ def redis_server() -> RedisServer:
     return _redis
 
 
+_cluster: RedisClusterServers | None = None
+
+
+def redis_cluster() -> RedisClusterServers:
+    """One three-master Redis Cluster for the session, started at first use."""
+    global _cluster  # noqa: PLW0603 - a lazily started session resource
+    if _cluster is None:
+        _cluster = RedisClusterServers()
+    return _cluster
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _redis is not None:
-        _redis.stop()
+    for server in (_redis, _cluster):
+        if server is not None:
+            server.stop()
+
+
+@contextlib.contextmanager
+def _cluster_outage(store: Store) -> Iterator[None]:
+    cluster = redis_cluster()
+    cluster.pause()
+    try:
+        yield
+    finally:
+        cluster.resume()
 
 
 @contextlib.contextmanager
@@ -108,6 +130,12 @@ STORES: dict[str, StoreKind] = {
         "redis",
         lambda tmp: f"{redis_server().url}?prefix=t{uuid.uuid4().hex[:12]}",
         _redis_outage,
+        True,
+    ),
+    "redis-cluster": StoreKind(
+        "redis-cluster",
+        lambda tmp: f"{redis_cluster().url}&prefix=t{uuid.uuid4().hex[:12]}",
+        _cluster_outage,
         True,
     ),
 }

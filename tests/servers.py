@@ -122,3 +122,66 @@ def self_signed_cert(directory: Path) -> Path:
         capture_output=True,
     )
     return directory
+
+
+class RedisClusterServers:
+    """Three cluster-enabled redis-servers made into one cluster of three masters."""
+
+    def __init__(self) -> None:
+        self.nodes = [
+            RedisServer(
+                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                *("--cluster-node-timeout", "2000"),
+            )
+            for _ in range(3)
+        ]
+        try:
+            subprocess.run(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                    "--cluster-replicas",
+                    "0",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+            deadline = time.monotonic() + 20
+            while not all(self._ok(node) for node in self.nodes):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis cluster did not reach cluster_state:ok")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _ok(node: RedisServer) -> bool:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(node.port), "cluster", "info"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=5,
+        ).stdout
+        return "cluster_state:ok" in out
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.nodes[0].port}/0?cluster=true"
+
+    def pause(self) -> None:
+        for node in self.nodes:
+            node.pause()
+
+    def resume(self) -> None:
+        for node in self.nodes:
+            node.resume()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

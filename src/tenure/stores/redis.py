@@ -3,14 +3,16 @@
 URL forms: ``redis://[user:password@]host:port/db``, ``rediss://`` (TLS),
 ``unix:///path/to/redis.sock``, with redis-py's query options
 (``socket_timeout``, ``ssl_cert_reqs`` ...) and ours: ``prefix`` (default
-``tenure``). Socket and connect timeouts default to 2 s, so a Redis that
-stops answering makes ``acquire`` raise instead of hang. A command that finds
+``tenure``) and ``cluster`` (``true`` for Redis Cluster). Socket and connect
+timeouts default to 2 s, so a Redis that stops answering makes ``acquire``
+raise instead of hang. A command that finds
 its pooled connection closed (the server restarted) is retried once on a new
 connection; a timed-out one is not.
 
 * Keys of one lock share a hash tag, ``{prefix:name}``: the lease hash
   (``...:lease``) and its fencing counter (``...:fence``, never expires).
-* Acquire, release and each renewal batch are one Lua script call each
+* Acquire, release and each renewal batch are one Lua script call each (on
+  Redis Cluster a batch is one call per hash slot, sent together)
   (``redis_scripts/*.lua``, each headed by its KEYS, ARGV and return). Expiry
   is Redis's own ``PEXPIRE``; no client timestamp is ever compared.
 * Fencing tokens never go below the server's ``TIME`` in microseconds, so a
@@ -38,17 +40,22 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..errors import ConfigurationError, StoreUnavailable
 from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("RedisStore",)
 
+# What the driver raises when the server cannot be reached or fails; a
+# cluster's own errors are not RedisError subclasses.
+_DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
+
 log = logging.getLogger("tenure.stores.redis")
 
-_SCRIPTS = ("acquire", "release", "renew", "claim")
+_SCRIPTS = ("acquire", "release", "renew", "claim", "record")
 
 
 def _load_script(name: str) -> str:
@@ -75,15 +82,17 @@ class RedisStore(Store):
 
     scheme: ClassVar[str] = "redis"
 
-    def __init__(self, url: str, *, prefix: str = "tenure") -> None:
+    def __init__(self, url: str, *, prefix: str = "tenure", cluster: bool = False) -> None:
         if not prefix or any(ch in prefix for ch in "{}") or not prefix.isprintable():
             raise ConfigurationError(
                 f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
             )
         self.url = url
         self.prefix = prefix
+        self.cluster = cluster
+        factory: Any = aioredis.RedisCluster.from_url if cluster else aioredis.from_url
         try:
-            self._client: aioredis.Redis = aioredis.from_url(
+            self._client: Any = factory(
                 url,
                 socket_timeout=2.0,
                 socket_connect_timeout=2.0,
@@ -107,21 +116,26 @@ class RedisStore(Store):
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = "tenure"
+        cluster = False
         rest = []
         for key, value in query:
             if key == "prefix":
                 prefix = value
+            elif key == "cluster":
+                if value.lower() not in ("true", "yes", "1", "false", "no", "0"):
+                    raise ConfigurationError(f"cluster must be true or false, got {value!r}")
+                cluster = value.lower() in ("true", "yes", "1")
             else:
                 rest.append((key, value))
         clean = urlunsplit(parts._replace(query=urlencode(rest)))
-        return cls(clean, prefix=prefix)
+        return cls(clean, prefix=prefix, cluster=cluster)
 
     def describe(self) -> str:
         return _mask(self.url)
 
     def sibling(self) -> RedisStore:
         # redis.asyncio connections belong to the loop that opened them.
-        return RedisStore(self.url, prefix=self.prefix)
+        return RedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
 
     async def aclose(self) -> None:
         if self._listener is not None:
@@ -153,15 +167,13 @@ class RedisStore(Store):
             except NoScriptError:  # the server restarted or flushed its script cache
                 self._sha[name] = await self._client.script_load(_SOURCES[name])
                 return await self._client.evalsha(self._sha[name], len(keys), *keys, *args)
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
-        except OSError as exc:
+        except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
             return await getattr(self._client, method)(*args)
-        except (RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
     # -- the contract --------------------------------------------------------
@@ -176,12 +188,27 @@ class RedisStore(Store):
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         if not batch:
             return []
-        keys = [self._lease(item.name) for item in batch]
-        args: list[str | int | float] = []
-        for item in batch:
-            args += [item.token, max(1, round(item.ttl * 1000))]
-        result = await self._script("renew", keys, args)
-        return [bool(x) for x in result]
+        # A script may only touch keys of one hash slot on Redis Cluster: one
+        # call per slot, all sent at once. A single server is one slot group.
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(batch):
+            slot = key_slot(self._tag(item.name).encode()) if self.cluster else 0
+            groups.setdefault(slot, []).append(i)
+
+        async def renew_group(indices: list[int]) -> list[Any]:
+            keys = [self._lease(batch[i].name) for i in indices]
+            args: list[str | int | float] = []
+            for i in indices:
+                args += [batch[i].token, max(1, round(batch[i].ttl * 1000))]
+            result: list[Any] = await self._script("renew", keys, args)
+            return result
+
+        answers = await asyncio.gather(*(renew_group(ix) for ix in groups.values()))
+        results = [False] * len(batch)
+        for indices, answer in zip(groups.values(), answers, strict=True):
+            for i, ok in zip(indices, answer, strict=True):
+                results[i] = bool(ok)
+        return results
 
     async def release(self, name: str, token: str) -> bool:
         done = await self._script("release", (self._lease(name),), (token, self._channel(name)))
@@ -201,7 +228,7 @@ class RedisStore(Store):
                 remaining_ms = await self._client.pttl(self._lease(name))
             except TimeoutError:
                 return
-            except (RedisError, OSError) as exc:
+            except _DRIVER_ERRORS as exc:
                 raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
             if remaining_ms < 0:  # -2: no lease; -1 cannot happen (always PEXPIREd)
                 return
@@ -252,7 +279,7 @@ class RedisStore(Store):
                     for woken in self._waiting.get(channel, ()):
                         if not woken.done():
                             woken.set_result(None)
-        except (RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             log.debug("the Redis pub/sub connection failed, waiters re-check: %s", exc)
         finally:
             # Whatever ended the connection, every waiter wakes to re-check, and
@@ -264,7 +291,7 @@ class RedisStore(Store):
                 for woken in waiters:
                     if not woken.done():
                         woken.set_result(None)
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*_DRIVER_ERRORS):
                 await asyncio.shield(pubsub.aclose())
 
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
@@ -281,7 +308,7 @@ class RedisStore(Store):
                     continue
                 name = key.decode()[len(self.prefix) + 2 : -len("}:lease")]
                 infos.append(LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000))
-        except (RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         return sorted(infos, key=lambda info: info.name)
 
@@ -309,27 +336,15 @@ class RedisStore(Store):
                 record.error,
             ]
         )
-        try:
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(records, record.run_id, payload)
-                pipe.zadd(index, {record.run_id: record.started})
-                pipe.sadd(f"{{{self.prefix}:tasks}}", record.task)
-                await pipe.execute()
-            if record.ended is not None:
-                await self._trim(record.task, keep)
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        trim = keep if record.ended is not None else 0
+        await self._script(
+            "record", (records, index), (record.run_id, payload, repr(record.started), trim)
+        )
+        await self._call("sadd", f"{{{self.prefix}:tasks}}", record.task)
 
     async def _trim(self, task: str, keep: int) -> int:
         records, index = self._runs_keys(task)
-        old = await self._client.zrange(index, 0, -keep - 1)
-        if not old:
-            return 0
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hdel(records, *old)
-            pipe.zrem(index, *old)
-            await pipe.execute()
-        return len(old)
+        return int(await self._script("record", (records, index), ("", "", "0", keep)))
 
     async def _task_names(self) -> list[str]:
         names: Any = await self._client.smembers(f"{{{self.prefix}:tasks}}")
@@ -349,7 +364,7 @@ class RedisStore(Store):
                     for raw in await self._client.hmget(records, list(ids)):
                         if raw is not None:
                             found.append(RunRecord(*json.loads(raw)))
-        except (RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         found.sort(key=lambda r: r.started, reverse=True)
         return found[:limit]
@@ -360,7 +375,7 @@ class RedisStore(Store):
         try:
             tasks = await self._task_names()
             return sum([await self._trim(task, keep_runs) for task in tasks])
-        except (RedisError, OSError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
 

@@ -1,0 +1,20 @@
+-- Write one run record of a scheduled task and keep only the newest ones.
+-- KEYS[1]  {prefix:runs:task}:records  (hash run_id -> JSON record)
+-- KEYS[2]  {prefix:runs:task}:index    (sorted set run_id by start time)
+-- ARGV[1]  run_id   ARGV[2]  the JSON record (or '' to only trim)   ARGV[3]  start time
+-- ARGV[4]  how many records to keep (0: do not trim)
+-- Returns how many old records were removed.
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+end
+local keep = tonumber(ARGV[4])
+if keep == 0 then
+  return 0
+end
+local old = redis.call('ZRANGE', KEYS[2], 0, -keep - 1)
+if #old > 0 then
+  redis.call('HDEL', KEYS[1], unpack(old))
+  redis.call('ZREM', KEYS[2], unpack(old))
+end
+return #old
