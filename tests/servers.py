@@ -85,15 +85,21 @@ class RedisServer:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
 
-    def stop(self) -> None:
+    def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
             self.proc.wait()
         self.proc = None
 
+    def stop(self) -> None:
+        """Kill the server and remove its directory."""
+        self._kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def restart(self) -> None:
-        self.stop()
+        """Kill and start again on the same port and directory (no persistence: empty)."""
+        self._kill()
         self.start()
 
 
