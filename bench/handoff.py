@@ -7,6 +7,9 @@ The difference is the handoff: the release, the datagram that wakes the
 waiter, and the waiter's acquire.
 
     python bench/handoff.py [--n 200] [--url URL]     (default: a temporary SQLite file)
+
+With a Redis URL, python-redis-lock (whose waiters block in BLPOP) is measured
+the same way in the same run, for comparison.
 """
 
 from __future__ import annotations
@@ -37,6 +40,50 @@ def waiter(url: str, n: int, pipe: Connection) -> None:
     asyncio.run(run())
 
 
+def peer_waiter(url: str, n: int, pipe: Connection) -> None:
+    import redis
+    import redis_lock
+
+    client = redis.Redis.from_url(url)
+    pipe.send("ready")
+    for _ in range(n):
+        pipe.recv()
+        lock = redis_lock.Lock(client, "handoff-peer", expire=5)
+        assert lock.acquire(blocking=True, timeout=5)
+        got = time.monotonic_ns()
+        lock.release()
+        pipe.send(got)
+
+
+def peer_holder(url: str, n: int, pipe: Connection) -> list[float]:
+    import redis
+    import redis_lock
+
+    client = redis.Redis.from_url(url)
+    latencies: list[float] = []
+    for _ in range(n):
+        lock = redis_lock.Lock(client, "handoff-peer", expire=5)
+        assert lock.acquire(blocking=True, timeout=5)
+        pipe.send("go")
+        time.sleep(0.005)
+        released = time.monotonic_ns()
+        lock.release()
+        latencies.append((pipe.recv() - released) / 1e6)
+    return latencies
+
+
+def report(label: str, latencies: list[float]) -> None:
+    latencies = sorted(latencies)
+
+    def p(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
+    print(
+        f"  {label:28s} median {statistics.median(latencies):6.2f} ms   p90 {p(0.9):6.2f} ms"
+        f"   p99 {p(0.99):6.2f} ms"
+    )
+
+
 async def holder(url: str, n: int, pipe: Connection) -> list[float]:
     latencies: list[float] = []
     async with LockService.from_url(url) as locks:
@@ -58,22 +105,23 @@ def main() -> None:
     parser.add_argument("--url", help="store URL (default: a temporary SQLite file)")
     args = parser.parse_args()
     url = args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
+    spawn = mp.get_context("spawn")
     ours, theirs = mp.Pipe()
-    proc = mp.get_context("spawn").Process(target=waiter, args=(url, args.n, theirs))
+    proc = spawn.Process(target=waiter, args=(url, args.n, theirs))
     proc.start()
     assert ours.recv() == "ready"
     latencies = asyncio.run(holder(url, args.n, ours))
     proc.join()
-    latencies.sort()
-
-    def p(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
-
     print(f"handoff to a waiting process on {url.split(':')[0]}, {args.n} handoffs:")
-    print(
-        f"  median {statistics.median(latencies):.2f} ms   p90 {p(0.9):.2f} ms   "
-        f"p99 {p(0.99):.2f} ms   max {latencies[-1]:.2f} ms"
-    )
+    report("tenure", latencies)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        ours, theirs = mp.Pipe()
+        proc = spawn.Process(target=peer_waiter, args=(url, args.n, theirs))
+        proc.start()
+        assert ours.recv() == "ready"
+        peer = peer_holder(url, args.n, ours)
+        proc.join()
+        report("python-redis-lock (BLPOP)", peer)
 
 
 if __name__ == "__main__":
