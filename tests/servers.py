@@ -12,17 +12,28 @@ import time
 from pathlib import Path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+def free_port(*, with_bus: bool = False) -> int:
+    """A free loopback port; ``with_bus``: port + 10000 free too (a cluster node's bus)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if not with_bus:
+            return port
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
         return port
 
 
 class RedisServer:
     """A redis-server in a temporary directory, without persistence unless asked."""
 
-    def __init__(self, *extra: str, tls: Path | None = None) -> None:
+    def __init__(self, *extra: str, tls: Path | None = None, cluster: bool = False) -> None:
         """``tls``: a directory with cert.pem and key.pem; the server then speaks only TLS."""
         binary = shutil.which("redis-server")
         if binary is None:
@@ -31,7 +42,7 @@ class RedisServer:
         self.extra = extra
         self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-redis-"))
-        self.port = free_port()
+        self.port = free_port(with_bus=cluster)
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -74,8 +85,12 @@ class RedisServer:
                     if sock.recv(64):  # PONG, or NOAUTH when the default user is off
                         return
             except OSError:
+                if self.proc.poll() is not None:
+                    break  # it exited: no point waiting
                 time.sleep(0.02)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
+        code = self.proc.poll()
+        self._kill()
+        raise RuntimeError(f"redis-server on port {self.port} did not start (exit status {code})")
 
     def pause(self) -> None:
         assert self.proc is not None
@@ -134,14 +149,16 @@ class RedisClusterServers:
     """Three cluster-enabled redis-servers made into one cluster of three masters."""
 
     def __init__(self) -> None:
-        self.nodes = [
-            RedisServer(
-                *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
-                *("--cluster-node-timeout", "2000"),
-            )
-            for _ in range(3)
-        ]
+        self.nodes: list[RedisServer] = []
         try:
+            for _ in range(3):
+                self.nodes.append(
+                    RedisServer(
+                        *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                        *("--cluster-node-timeout", "2000"),
+                        cluster=True,
+                    )
+                )
             subprocess.run(
                 [
                     "redis-cli",

@@ -74,46 +74,42 @@ async def _shielded(awaitable: Awaitable[T]) -> T:
     return result
 
 
-class Lock:
+class Lock(LeaseState):
     """One grant of a named lock. Obtained from ``LockService.acquire``.
 
-    ``token`` is the secret that proves ownership to the store; it never
-    appears in ``repr`` or in logs. ``fencing_token`` strictly increases with
+    ``name``, ``ttl``, ``fencing_token``, and ``token``: the secret (128 random
+    bits, hex) that proves ownership to the store; it never appears in
+    ``repr`` or in logs. ``fencing_token`` strictly increases with
     every grant of the name: pass it to resources that can reject stale writers.
     """
 
-    __slots__ = ("__weakref__", "_service", "_state", "fencing_token", "name")
+    __slots__ = ("__weakref__", "_service", "fencing_token")
 
-    def __init__(self, service: LockService, state: LeaseState, fencing_token: int) -> None:
+    def __init__(
+        self, service: LockService, name: str, token: str, ttl: float, *, sent: float, fence: int
+    ) -> None:
+        # One object per grant: the lock is its own lease state, which the
+        # renewer shares (see renewer.LeaseState for the fields).
+        LeaseState.__init__(self, name, token, ttl, sent)
         self._service = service
-        self._state = state
-        self.name = state.name
-        self.fencing_token = fencing_token
-
-    @property
-    def token(self) -> str:
-        """The secret token minted at acquire (128 random bits, hex). Never log it."""
-        return self._state.token
-
-    @property
-    def ttl(self) -> float:
-        return self._state.ttl
+        self.fencing_token = fence
 
     @property
     def held(self) -> bool:
         """True while the grant is valid by its local deadline: computed at each read."""
-        return self._state.alive()
+        return self.alive()
 
     @property
     def lost(self) -> bool:
         """True once the lock was lost (rather than released)."""
-        self._state.alive()
-        return self._state.lost_reason is not None
+        self.alive()
+        return self.loss is not None
 
     @property
     def lost_reason(self) -> str | None:
-        self._state.alive()
-        return self._state.lost_reason
+        """Why the lock was lost, or None."""
+        self.alive()
+        return self.loss
 
     async def release(self) -> bool:
         """Give the lock back. True only when it was still valid, locally and in the store.
@@ -123,17 +119,18 @@ class Lock:
         Raises StoreUnavailable if the store cannot be reached; the lease then
         lapses by itself within its TTL.
         """
-        state = self._state
-        if state.released:
+        if self.released:
             return False
-        was_held = state.mark_released()
-        self._service._forget(self)
-        in_store = await self._service.store.release(self.name, state.token)
+        was_held = self.mark_released()
+        service = self._service
+        service._held.discard(self)
+        service._renewer.discard(self)
+        in_store = await service.store.release(self.name, self.token)
         return was_held and in_store
 
     async def wait_lost(self) -> None:
         """Return as soon as the lock is no longer held: lost, or released."""
-        state = self._state
+        state = self
         loop = asyncio.get_running_loop()
         while True:
             future: asyncio.Future[None] = loop.create_future()
@@ -229,10 +226,6 @@ class LockService:
         if self._owns_store:
             await self.store.aclose()
 
-    def _forget(self, lock: Lock) -> None:
-        self._held.discard(lock)
-        self._renewer.discard(lock._state)
-
     async def _release_quietly(self, lock: Lock) -> bool:
         """Release in a cleanup path: a store failure is logged, not raised."""
         try:
@@ -292,10 +285,9 @@ class LockService:
             raise
         if grant is None:
             return None
-        state = LeaseState(name, token, ttl, sent)
-        lock = Lock(self, state, grant.fencing_token)
+        lock = Lock(self, name, token, ttl, sent=sent, fence=grant.fencing_token)
         self._held.add(lock)
-        self._renewer.add(state)
+        self._renewer.add(lock)
         return lock
 
     async def run_exclusively(

@@ -69,13 +69,14 @@ _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 class LeaseState:
     """What the holder and the renewer share about one grant.
 
-    A plain slotted class: one is made per acquire, on the hot path.
+    A plain slotted class, and the base of ``Lock``: one is made per acquire,
+    on the hot path. ``loss`` is why the lease was lost, or None.
     """
 
     __slots__ = (
         "deadline",
         "guard",
-        "lost_reason",
+        "loss",
         "name",
         "released",
         "renew_at",
@@ -92,12 +93,12 @@ class LeaseState:
         self.renew_at = sent + renew_interval(ttl)
         self.guard = threading.Lock()
         self.released = False
-        self.lost_reason: str | None = None
+        self.loss: str | None = None
         self.waiters: list[_Waiter] = []
 
     def alive(self) -> bool:
         """Held right now. Marks the lease lost when its deadline has passed."""
-        if self.released or self.lost_reason is not None:
+        if self.released or self.loss is not None:
             return False
         if time.monotonic() < self.deadline:
             return True
@@ -110,9 +111,9 @@ class LeaseState:
             self._lose_locked(reason)
 
     def _lose_locked(self, reason: str) -> None:
-        if self.released or self.lost_reason is not None:
+        if self.released or self.loss is not None:
             return
-        self.lost_reason = reason
+        self.loss = reason
         log.warning("lock %r lost: %s", self.name, reason)
         self._wake_locked()
 
@@ -121,9 +122,9 @@ class LeaseState:
         with self.guard:
             if self.released:
                 return False
-            was_held = self.lost_reason is None and time.monotonic() < self.deadline
-            if not was_held and self.lost_reason is None:
-                self.lost_reason = LOST_BY_DEADLINE
+            was_held = self.loss is None and time.monotonic() < self.deadline
+            if not was_held and self.loss is None:
+                self.loss = LOST_BY_DEADLINE
             self.released = True
             self._wake_locked()
             return was_held
@@ -131,7 +132,7 @@ class LeaseState:
     def extend(self, sent: float) -> None:
         """Record a renewal that was sent at ``sent`` and confirmed."""
         with self.guard:
-            if self.released or self.lost_reason is not None:
+            if self.released or self.loss is not None:
                 return
             if time.monotonic() >= self.deadline:
                 # Confirmed too late: someone may already have seen it lost, and
@@ -146,7 +147,7 @@ class LeaseState:
         if not self.alive():
             return None
         with self.guard:
-            if self.released or self.lost_reason is not None:
+            if self.released or self.loss is not None:
                 return None
             self.waiters.append(waiter)
             return self.deadline - time.monotonic()
@@ -166,7 +167,7 @@ class LeaseState:
 
 
 def _dead(state: LeaseState) -> bool:
-    return state.released or state.lost_reason is not None
+    return state.released or state.loss is not None
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
