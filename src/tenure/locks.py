@@ -77,9 +77,9 @@ async def _shielded(awaitable: Awaitable[T]) -> T:
 class Lock(LeaseState):
     """One grant of a named lock. Obtained from ``LockService.acquire``.
 
-    ``name``, ``ttl``, ``fencing_token``, and ``token``: the secret (128 random
-    bits, hex) that proves ownership to the store; it never appears in
-    ``repr`` or in logs. ``fencing_token`` strictly increases with
+    Read ``name``, ``ttl``, ``fencing_token`` and ``token``. ``token`` is the
+    secret (128 random bits, hex) that proves ownership to the store; it never
+    appears in ``repr`` or in logs. ``fencing_token`` strictly increases with
     every grant of the name: pass it to resources that can reject stale writers.
     """
 
@@ -130,12 +130,11 @@ class Lock(LeaseState):
 
     async def wait_lost(self) -> None:
         """Return as soon as the lock is no longer held: lost, or released."""
-        state = self
         loop = asyncio.get_running_loop()
         while True:
             future: asyncio.Future[None] = loop.create_future()
             waiter = (loop, future)
-            remaining = state.add_waiter(waiter)
+            remaining = self.add_waiter(waiter)
             if remaining is None:
                 return
             try:
@@ -143,7 +142,7 @@ class Lock(LeaseState):
             except TimeoutError:
                 pass
             finally:
-                state.remove_waiter(waiter)
+                self.remove_waiter(waiter)
 
     async def __aenter__(self) -> Lock:
         return self
