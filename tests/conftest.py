@@ -99,24 +99,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @contextlib.contextmanager
-def _cluster_outage(store: Store) -> Iterator[None]:
-    cluster = redis_cluster()
-    cluster.pause()
+def _paused(servers: RedisServer | RedisClusterServers) -> Iterator[None]:
+    """SIGSTOP the server(s): connections stay open and nothing answers."""
+    servers.pause()
     try:
         yield
     finally:
-        cluster.resume()
+        servers.resume()
 
 
-@contextlib.contextmanager
-def _redis_outage(store: Store) -> Iterator[None]:
-    """SIGSTOP the server: connections stay open and nothing answers."""
-    server = redis_server()
-    server.pause()
-    try:
-        yield
-    finally:
-        server.resume()
+def _redis_outage(store: Store) -> AbstractContextManager[None]:
+    return _paused(redis_server())
+
+
+def _cluster_outage(store: Store) -> AbstractContextManager[None]:
+    return _paused(redis_cluster())
 
 
 STORES: dict[str, StoreKind] = {

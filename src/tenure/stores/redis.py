@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..errors import ConfigurationError, StoreUnavailable
+from . import _mask
 from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("RedisStore",)
@@ -67,14 +69,6 @@ _SOURCES = {name: _load_script(name) for name in _SCRIPTS}
 
 def _escape_glob(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
-
-
-def _mask(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
 
 
 class RedisStore(Store):
@@ -324,18 +318,8 @@ class RedisStore(Store):
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
         records, index = self._runs_keys(record.task)
-        payload = json.dumps(
-            [
-                record.run_id,
-                record.task,
-                record.fire_time,
-                record.instance,
-                record.started,
-                record.ended,
-                record.outcome,
-                record.error,
-            ]
-        )
+        # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
+        payload = json.dumps(dataclasses.astuple(record))
         trim = keep if record.ended is not None else 0
         await self._script(
             "record", (records, index), (record.run_id, payload, repr(record.started), trim)

@@ -51,6 +51,7 @@ How it stays correct
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -238,9 +239,11 @@ class SQLiteStore(Store):
             )
 
     def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
+        try:
+            conn: sqlite3.Connection = self._local.conn
             return conn
+        except AttributeError:  # this thread's first statement
+            pass
         if self._closed:
             raise StoreUnavailable(f"the store {self.describe()} is closed")
         try:
@@ -360,26 +363,26 @@ class SQLiteStore(Store):
             conn.execute("ROLLBACK")
             raise
 
+    def _failed(self, exc: sqlite3.Error) -> StoreUnavailable:
+        return StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}")
+
     def _run(self, sql: str, params: Sequence[object]) -> list[Any]:
         try:
             return self._conn().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
+            raise self._failed(exc) from exc
 
     # -- the contract --------------------------------------------------------
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
         params = (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time())
-        try:
-            conn = self._local.conn
-        except AttributeError:
-            conn = self._conn()
+        conn = self._conn()
         try:
             rows = conn.execute(self._sql_acquire, params).fetchall()
             if not rows:
                 rows = conn.execute(self._sql_acquire_new, params).fetchall()
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
+            raise self._failed(exc) from exc
         return Grant(rows[0][0]) if rows else None
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
@@ -395,7 +398,7 @@ class SQLiteStore(Store):
         try:
             alone = self._conn().execute(self._sql_release_alone, (name, token, now)).rowcount
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
+            raise self._failed(exc) from exc
         if alone:
             return True
         rows = self._run(self._sql_release, (name, token, now))
@@ -471,16 +474,8 @@ class SQLiteStore(Store):
         self._run(
             f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
             " ended, outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.run_id,
-                record.task,
-                record.fire_time,
-                record.instance,
-                record.started,
-                record.ended,
-                record.outcome,
-                record.error,
-            ),
+            # The columns are RunRecord's fields, in order; runs() reads them back the same way.
+            dataclasses.astuple(record),
         )
         if record.ended is not None:
             self._run(
@@ -530,7 +525,7 @@ class SQLiteStore(Store):
                 conn.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}") from exc
+            raise self._failed(exc) from exc
         return removed
 
     async def aclose(self) -> None:
