@@ -24,7 +24,7 @@ from tenure.stores import Store
 from tenure.stores.memory import MemoryStore
 from tenure.stores.sqlite import SQLiteStore
 
-from .servers import RedisClusterServers, RedisServer
+from .servers import PostgresServer, RedisClusterServers, RedisServer
 
 
 @dataclass(frozen=True)
@@ -92,14 +92,25 @@ def redis_cluster() -> RedisClusterServers:
     return _cluster
 
 
+_postgres: PostgresServer | None = None
+
+
+def postgres_server() -> PostgresServer:
+    """One PostgreSQL cluster for the session, started at first use; tests use their own prefix."""
+    global _postgres  # noqa: PLW0603 - a lazily started session resource
+    if _postgres is None:
+        _postgres = PostgresServer()
+    return _postgres
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    for server in (_redis, _cluster):
+    for server in (_redis, _cluster, _postgres):
         if server is not None:
             server.stop()
 
 
 @contextlib.contextmanager
-def _paused(servers: RedisServer | RedisClusterServers) -> Iterator[None]:
+def _paused(servers: RedisServer | RedisClusterServers | PostgresServer) -> Iterator[None]:
     """SIGSTOP the server(s): connections stay open and nothing answers."""
     servers.pause()
     try:
@@ -114,6 +125,10 @@ def _redis_outage(store: Store) -> AbstractContextManager[None]:
 
 def _cluster_outage(store: Store) -> AbstractContextManager[None]:
     return _paused(redis_cluster())
+
+
+def _postgres_outage(store: Store) -> AbstractContextManager[None]:
+    return _paused(postgres_server())
 
 
 STORES: dict[str, StoreKind] = {
@@ -133,6 +148,12 @@ STORES: dict[str, StoreKind] = {
         "redis-cluster",
         lambda tmp: f"{redis_cluster().url}&prefix=t{uuid.uuid4().hex[:12]}",
         _cluster_outage,
+        True,
+    ),
+    "postgres": StoreKind(
+        "postgres",
+        lambda tmp: f"{postgres_server().url()}?prefix=t{uuid.uuid4().hex[:12]}",
+        _postgres_outage,
         True,
     ),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -208,3 +209,190 @@ class RedisClusterServers:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def _postgres_binary(name: str) -> str:
+    """A PostgreSQL server binary: on PATH, or in Debian's versioned directory (newest)."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    candidates = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0,
+    )
+    if not candidates:
+        raise RuntimeError(f"{name} is not installed: apt-get install -y postgresql")
+    return str(candidates[-1])
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster: ``initdb`` and ``postgres`` in a temporary directory.
+
+    Run as the ``postgres`` user when the tests run as root (PostgreSQL refuses
+    root), on a free loopback port, in a process group of its own so that
+    ``pause`` stops the postmaster and every backend at once. ``fsync`` is off
+    (only an OS crash could lose data; a killed server loses nothing).
+    ``password``: the superuser ``postgres`` gets it and TCP logins need it (scram).
+    """
+
+    def __init__(self, *, password: str | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="tenure-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._user: str | None = None
+        if os.geteuid() == 0:
+            self._user = "postgres"
+            shutil.chown(self.dir, "postgres", "postgres")
+        try:
+            args = [
+                _postgres_binary("initdb"),
+                *("-D", str(self.data), "-U", "postgres", "--no-sync", "-E", "UTF8"),
+                *("--locale", "C", "--auth-local", "trust"),
+            ]
+            if password is not None:
+                pwfile = self.dir / "pw"
+                pwfile.write_text(password + "\n")
+                if self._user is not None:
+                    shutil.chown(pwfile, self._user)
+                args += ["--auth-host", "scram-sha-256", "--pwfile", str(pwfile)]
+            else:
+                args += ["--auth-host", "trust"]
+            subprocess.run(args, check=True, capture_output=True, user=self._user, timeout=120)
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def url(self, *, user: str = "postgres", password: str | None = None) -> str:
+        auth = f"{user}:{password}@" if password is not None else f"{user}@"
+        return f"postgresql://{auth}127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                _postgres_binary("postgres"),
+                *("-D", str(self.data), "-p", str(self.port), "-k", str(self.dir)),
+                *("-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"),
+                *("-c", "max_connections=200", "-c", "shared_buffers=32MB"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self._user,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready = subprocess.run(
+                [
+                    _postgres_binary("pg_isready"),
+                    *("-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"),
+                ],
+                capture_output=True,
+                check=False,
+            )
+            if ready.returncode == 0:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        code = self.proc.poll()
+        self._kill()
+        raise RuntimeError(f"postgres on port {self.port} did not start (exit status {code})")
+
+    def psql(self, sql: str) -> str:
+        """Run SQL as the superuser over the unix socket; returns psql's output."""
+        return subprocess.run(
+            [
+                _postgres_binary("psql"),
+                *("-h", str(self.dir), "-p", str(self.port), "-U", "postgres", "-d", "postgres"),
+                *("-v", "ON_ERROR_STOP=1", "-Atc", sql),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc is not None:
+            # The backends are in the same group; make sure none outlives the postmaster.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None
+
+    def restart(self) -> None:
+        """SIGKILL every server process and start again on the same data and port."""
+        self._kill()
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+        self.start()
+
+    def stop(self) -> None:
+        self._kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PgBouncer:
+    """A pgbouncer in transaction pooling mode in front of a PostgresServer."""
+
+    def __init__(self, server: PostgresServer) -> None:
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not Path(binary).exists():
+            raise RuntimeError("pgbouncer is not installed: apt-get install -y pgbouncer")
+        self.dir = Path(tempfile.mkdtemp(prefix="tenure-pgbouncer-"))
+        self.port = free_port()
+        user = "postgres" if os.geteuid() == 0 else None
+        ini = self.dir / "pgbouncer.ini"
+        ini.write_text(
+            "[databases]\n"
+            f"postgres = host=127.0.0.1 port={server.port} dbname=postgres user=postgres\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir =\nauth_type = any\npool_mode = transaction\n"
+            "default_pool_size = 2\nmax_client_conn = 100\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\npidfile =\n"
+        )
+        if user is not None:
+            shutil.chown(self.dir, user)
+            shutil.chown(ini, user)
+        self.proc = subprocess.Popen(
+            [binary, str(ini)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=user,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"pgbouncer on port {self.port} did not start")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

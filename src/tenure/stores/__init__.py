@@ -23,6 +23,8 @@ _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "redis": ("tenure.stores.redis", "RedisStore", "redis"),
     "rediss": ("tenure.stores.redis", "RedisStore", "redis"),
     "unix": ("tenure.stores.redis", "RedisStore", "redis"),
+    "postgresql": ("tenure.stores.postgres", "PostgresStore", "postgres"),
+    "postgres": ("tenure.stores.postgres", "PostgresStore", "postgres"),
 }
 
 

@@ -1,0 +1,614 @@
+"""The PostgreSQL store: leases as rows, expiry by the server's clock.
+
+URL forms: ``postgresql://[user[:password]@]host[:port]/dbname`` (or
+``postgres://``) with libpq's query parameters (``sslmode``,
+``application_name``, ``connect_timeout`` ...), plus ours:
+
+``schema``
+    the schema of tenure's tables (default ``public``);
+``prefix``
+    the start of their names (default ``tenure``: ``tenure_leases`` ...);
+``timeout``
+    seconds a statement, or the wait for a pooled connection, may take before
+    the call raises StoreUnavailable (default 2);
+``pool_max``
+    connections per event loop (default 10; the renewer's thread has its own);
+``pooler``
+    ``transaction`` when the URL points at a transaction pooler (PgBouncer
+    ``pool_mode = transaction``): no prepared statements, and no LISTEN on that
+    URL (see waiters below);
+``listen_url``
+    a percent-encoded URL of a *session* connection for LISTEN, when the main
+    URL goes through a transaction pooler.
+
+How it stays correct
+--------------------
+* **One statement per operation.** Acquire is one ``INSERT ... ON CONFLICT DO
+  UPDATE ... WHERE free or expired RETURNING fence``; release is one
+  compare-and-set ``UPDATE`` on ``(name, token)`` that also notifies waiters; a
+  whole renewal batch is one ``UPDATE ... FROM unnest(...)``. Each runs in
+  autocommit mode: the statement is the transaction.
+* **Expiry by the server's clock.** Expiry times are ``clock_timestamp()`` plus
+  the TTL, compared with ``clock_timestamp()``; no client timestamp is ever
+  written or compared. A step of the *database server's* wall clock moves
+  every expiry with it (PostgreSQL has no monotonic clock in SQL): run the
+  server with a slewing NTP client, as any database host should.
+* **Fencing tokens** come from a sequence, taken when the row is inserted or,
+  on a takeover, after the row is locked: strictly increasing per name, durable
+  across server restarts (a sequence never hands out a value again after a
+  crash), and independent of pruning. Prune removes a lease row only ten minutes
+  after it expired, so no acquire still in flight can have drawn its token
+  before an earlier grant of the same name.
+* **No session state.** No advisory locks, no ``SET``; schema creation takes a
+  transaction-scoped advisory lock only. Acquire, renew and release therefore
+  work through PgBouncer in transaction pooling mode (``pooler=transaction``).
+* **Waiters are notified.** A release runs ``pg_notify`` on the channel
+  ``<prefix>_released`` with the lock's name. Each store keeps one LISTEN
+  connection (opened at the first wait, a plain session connection: never a
+  transaction pooler's) and wakes its waiters by name; a waiter also wakes
+  when the current lease expires. Behind a transaction pooler without
+  ``listen_url``, waiters re-check at the lease's expiry and at least every
+  half second.
+* **Failures.** A statement that gets no answer within ``timeout`` has its
+  connection shut down (so the pool replaces it) and raises StoreUnavailable;
+  a pooled connection that the server closed (a restart) is replaced and the
+  statement retried once.
+* **Schema.** Created on first use, idempotently, under a transaction-scoped
+  advisory lock so that instances starting together do not collide; the
+  version is recorded in ``<prefix>_meta``. ``tenure schema --url URL`` prints
+  the SQL for databases where the application's user cannot create tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..errors import ConfigurationError, StoreUnavailable
+from . import _mask
+from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+
+__all__ = ("PostgresStore", "schema_sql")
+
+log = logging.getLogger("tenure.stores.postgres")
+
+SCHEMA_VERSION = 1
+PRUNE_AFTER = "10 minutes"
+"""How long after its expiry a lease row may be pruned (see the module docstring)."""
+_POLL_WITHOUT_LISTEN = 0.5
+_MAX_PREFIX_BYTES = 40  # "<prefix>_released" must fit PostgreSQL's 63-byte identifiers
+_MAX_IDENT_BYTES = 63
+
+
+@dataclasses.dataclass
+class _Timer:
+    fired: bool = False
+
+
+@dataclasses.dataclass
+class _Shared:
+    """What a store and its siblings (other threads' copies) share."""
+
+    schema_ready: bool = False
+
+
+def _check_ident(value: str, what: str, limit: int) -> str:
+    if not value or "\x00" in value or len(value.encode()) > limit:
+        raise ConfigurationError(
+            f"PostgreSQL {what} {value!r} must be 1 to {limit} UTF-8 bytes without NUL"
+        )
+    return value
+
+
+class _Names:
+    """The SQL names of one (schema, prefix): every identifier quoted, once."""
+
+    def __init__(self, schema: str, prefix: str) -> None:
+        self.schema = sql.Identifier(schema)
+        self.leases = sql.Identifier(schema, f"{prefix}_leases")
+        self.fence = sql.Identifier(schema, f"{prefix}_fence")
+        self.claims = sql.Identifier(schema, f"{prefix}_claims")
+        self.runs = sql.Identifier(schema, f"{prefix}_runs")
+        self.runs_index = sql.Identifier(f"{prefix}_runs_task")
+        self.meta = sql.Identifier(schema, f"{prefix}_meta")
+        self.channel = f"{prefix}_released"
+        self.fence_literal = sql.Literal(self.fence.as_string())
+        self.lock_key = sql.Literal(f"tenure-schema:{schema}.{prefix}")
+
+    def render(self, template: str, **extra: sql.Composable) -> str:
+        return (
+            sql.SQL(template)
+            .format(
+                leases=self.leases,
+                fence=self.fence,
+                fence_literal=self.fence_literal,
+                claims=self.claims,
+                runs=self.runs,
+                meta=self.meta,
+                runs_index=self.runs_index,
+                schema=self.schema,
+                lock_key=self.lock_key,
+                **extra,
+            )
+            .as_string()
+        )
+
+
+def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
+    """The SQL that creates tenure's tables (what ``tenure schema`` prints)."""
+    names = _Names(
+        _check_ident(schema, "schema", _MAX_IDENT_BYTES),
+        _check_ident(prefix, "table prefix", _MAX_PREFIX_BYTES),
+    )
+    create_schema = "CREATE SCHEMA IF NOT EXISTS {schema};\n" if schema != "public" else ""
+    return names.render(
+        create_schema + "CREATE SEQUENCE IF NOT EXISTS {fence} AS bigint;\n"
+        "CREATE TABLE IF NOT EXISTS {leases} (\n"
+        "    name text PRIMARY KEY,\n"
+        "    token text,\n"
+        "    holder text,\n"
+        "    fence bigint NOT NULL,\n"
+        "    expires timestamptz NOT NULL,\n"
+        "    acquired timestamptz NOT NULL\n"
+        ");\n"
+        "CREATE TABLE IF NOT EXISTS {claims} (\n"
+        "    task text PRIMARY KEY,\n"
+        "    fire_time double precision NOT NULL\n"
+        ");\n"
+        "CREATE TABLE IF NOT EXISTS {runs} (\n"
+        "    run_id text PRIMARY KEY,\n"
+        "    task text NOT NULL,\n"
+        "    fire_time double precision,\n"
+        "    instance text NOT NULL,\n"
+        "    started double precision NOT NULL,\n"
+        "    ended double precision,\n"
+        "    outcome text NOT NULL,\n"
+        "    error text\n"
+        ");\n"
+        "CREATE INDEX IF NOT EXISTS {runs_index} ON {runs} (task, started);\n"
+        "CREATE TABLE IF NOT EXISTS {meta} (\n"
+        "    key text PRIMARY KEY,\n"
+        "    value text NOT NULL\n"
+        ");\n"
+        f"INSERT INTO {{meta}} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')\n"
+        "    ON CONFLICT (key) DO NOTHING;\n"
+    )
+
+
+def _sever(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut the connection's socket down so that a statement waiting on it fails now."""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return
+    with contextlib.suppress(OSError), socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.shutdown(socket.SHUT_RDWR)
+
+
+class PostgresStore(Store):
+    """Leases in a PostgreSQL table. See the module docstring."""
+
+    scheme: ClassVar[str] = "postgresql"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "public",
+        prefix: str = "tenure",
+        timeout: float = 2.0,
+        pool_max: int = 10,
+        pooler: str = "session",
+        listen_url: str | None = None,
+        _shared: _Shared | None = None,
+    ) -> None:
+        _check_ident(schema, "schema", _MAX_IDENT_BYTES)
+        _check_ident(prefix, "table prefix", _MAX_PREFIX_BYTES)
+        if not (isinstance(timeout, int | float) and 0 < timeout <= 3600):
+            raise ConfigurationError(f"timeout must be between 0 and 3600 seconds, got {timeout!r}")
+        if not (isinstance(pool_max, int) and 1 <= pool_max <= 1000):
+            raise ConfigurationError(f"pool_max must be between 1 and 1000, got {pool_max!r}")
+        if pooler not in ("session", "transaction"):
+            raise ConfigurationError(f"pooler must be 'session' or 'transaction', got {pooler!r}")
+        for what, value in (("URL", url), ("listen_url", listen_url)):
+            if value is None:
+                continue
+            try:
+                conninfo_to_dict(value)
+            except psycopg.Error as exc:
+                raise ConfigurationError(f"bad PostgreSQL {what} {_mask(value)!r}: {exc}") from None
+        self.url = url
+        self.schema = schema
+        self.prefix = prefix
+        self.timeout = float(timeout)
+        self.pool_max = pool_max
+        self.pooler = pooler
+        self.listen_url = (
+            listen_url if listen_url is not None else (url if pooler == "session" else None)
+        )
+        self._shared = _shared if _shared is not None else _Shared()
+        self._names = names = _Names(schema, prefix)
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._pool_guard: asyncio.Lock | None = None
+        self._listen_conn: psycopg.AsyncConnection[Any] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._listen_guard: asyncio.Lock | None = None
+        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+        self._closed = False
+
+        self._sql_acquire = names.render(
+            "INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired) "
+            "VALUES (%s, %s, %s, nextval({fence_literal}),"
+            " clock_timestamp() + make_interval(secs => %s), clock_timestamp()) "
+            "ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder,"
+            " fence = nextval({fence_literal}), expires = excluded.expires,"
+            " acquired = excluded.acquired "
+            "WHERE l.token IS NULL OR l.expires <= clock_timestamp() "
+            "RETURNING l.fence"
+        )
+        self._sql_renew = names.render(
+            "UPDATE {leases} AS l SET expires = clock_timestamp() + make_interval(secs => b.ttl) "
+            "FROM unnest(%s::text[], %s::text[], %s::float8[]) WITH ORDINALITY"
+            " AS b(name, token, ttl, i) "
+            "WHERE l.name = b.name AND l.token = b.token AND l.expires > clock_timestamp() "
+            "RETURNING b.i"
+        )
+        # The row keeps its expiry, so RETURNING still sees whether it was live.
+        self._sql_release = names.render(
+            "WITH r AS (UPDATE {leases} SET token = NULL, holder = NULL"
+            " WHERE name = %s AND token = %s RETURNING name, expires > clock_timestamp() AS live) "
+            "SELECT r.live FROM r CROSS JOIN LATERAL pg_notify(%s, r.name)"
+        )
+        self._sql_remaining = names.render(
+            "SELECT extract(epoch FROM expires - clock_timestamp())::float8 FROM {leases} "
+            "WHERE name = %s AND token IS NOT NULL AND expires > clock_timestamp()"
+        )
+        self._sql_holders = names.render(
+            "SELECT name, holder, fence, extract(epoch FROM expires - clock_timestamp())::float8 "
+            "FROM {leases} WHERE token IS NOT NULL AND expires > clock_timestamp()"
+            ' AND starts_with(name, %s) ORDER BY name COLLATE "C"'
+        )
+        self._sql_claim = names.render(
+            "INSERT INTO {claims} AS c (task, fire_time) VALUES (%s, %s) "
+            "ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time "
+            "WHERE c.fire_time < excluded.fire_time RETURNING 1"
+        )
+        self._sql_record = names.render(
+            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
+            " error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (run_id) DO UPDATE SET fire_time = excluded.fire_time,"
+            " instance = excluded.instance, started = excluded.started, ended = excluded.ended,"
+            " outcome = excluded.outcome, error = excluded.error"
+        )
+        self._sql_trim = names.render(
+            "DELETE FROM {runs} WHERE task = %(task)s AND started < (SELECT started FROM {runs}"
+            " WHERE task = %(task)s ORDER BY started DESC LIMIT 1 OFFSET %(skip)s)"
+        )
+        columns = "run_id, task, fire_time, instance, started, ended, outcome, error"
+        self._sql_runs_all = names.render(
+            f"SELECT {columns} FROM {{runs}} ORDER BY started DESC LIMIT %s"
+        )
+        self._sql_runs_task = names.render(
+            f"SELECT {columns} FROM {{runs}} WHERE task = %s ORDER BY started DESC LIMIT %s"
+        )
+        self._sql_prune = names.render(
+            "WITH gone AS (DELETE FROM {leases}"
+            f" WHERE expires < clock_timestamp() - interval '{PRUNE_AFTER}' RETURNING 1),"
+            " old AS (DELETE FROM {runs} WHERE run_id IN (SELECT run_id FROM (SELECT run_id,"
+            " row_number() OVER (PARTITION BY task ORDER BY started DESC) AS n FROM {runs}) AS x"
+            " WHERE n > %s) RETURNING 1) "
+            "SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM old)"
+        )
+        self._sql_version = names.render("SELECT value FROM {meta} WHERE key = 'schema_version'")
+        self._sql_schema_lock = names.render("SELECT pg_advisory_xact_lock(hashtext({lock_key}))")
+        self._sql_schema = schema_sql(schema, prefix)
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        parts = urlsplit(url)
+        options: dict[str, Any] = {}
+        rest = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key in ("schema", "prefix", "pooler", "listen_url"):
+                options[key] = value
+            elif key == "timeout":
+                options[key] = _number(key, value, float)
+            elif key == "pool_max":
+                options[key] = _number(key, value, int)
+            else:
+                rest.append((key, value))
+        if not any(key == "connect_timeout" for key, _ in rest):
+            # libpq waits forever by default; its minimum is 2 seconds.
+            rest.append(("connect_timeout", str(max(2, math.ceil(options.get("timeout", 2.0))))))
+        clean = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
+        return cls(clean, **options)
+
+    def describe(self) -> str:
+        return _mask(self.url)
+
+    def sibling(self) -> PostgresStore:
+        # A psycopg pool belongs to the event loop that opened it.
+        return PostgresStore(
+            self.url,
+            schema=self.schema,
+            prefix=self.prefix,
+            timeout=self.timeout,
+            pool_max=self.pool_max,
+            pooler=self.pooler,
+            listen_url=self.listen_url,
+            _shared=self._shared,
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        if self._pool is not None:
+            await self._pool.close()
+
+    # -- connections -----------------------------------------------------------
+
+    def _unavailable(self, exc: BaseException, what: str = "failed") -> StoreUnavailable:
+        return StoreUnavailable(f"PostgreSQL at {self.describe()} {what}: {exc}")
+
+    async def _open_pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._closed:
+            raise StoreUnavailable(f"the store {self.describe()} is closed")
+        if self._pool_guard is None:
+            self._pool_guard = asyncio.Lock()
+        async with self._pool_guard:
+            if self._pool is None:
+                pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+                    self.url,
+                    kwargs={
+                        "autocommit": True,
+                        # A transaction pooler may hand each statement to another
+                        # server connection, where a prepared statement is unknown.
+                        "prepare_threshold": None if self.pooler == "transaction" else 0,
+                    },
+                    min_size=1,
+                    max_size=self.pool_max,
+                    timeout=self.timeout,
+                    open=False,
+                    name=f"tenure-{self.prefix}",
+                )
+                await pool.open(wait=False)
+                self._pool = pool
+            if not self._shared.schema_ready:
+                await self._ensure_schema(self._pool)
+        return self._pool
+
+    @contextlib.contextmanager
+    def _deadline(self, conn: psycopg.AsyncConnection[Any]) -> Iterator[_Timer]:
+        """Sever ``conn`` if the statements inside take longer than ``timeout``.
+
+        Cancelling a psycopg query instead would wait up to ten more seconds for
+        a server that does not answer; shutting the socket fails it at once.
+        """
+        timer = _Timer()
+
+        def expire() -> None:
+            timer.fired = True
+            _sever(conn)
+
+        handle = asyncio.get_running_loop().call_later(self.timeout, expire)
+        try:
+            yield timer
+        finally:
+            handle.cancel()
+
+    async def _ensure_schema(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+        try:
+            async with pool.connection() as conn:
+                with self._deadline(conn):
+                    version = await self._schema_version(conn)
+                    if version is None:
+                        try:
+                            async with conn.transaction():
+                                await conn.execute(self._sql_schema_lock, prepare=False)
+                                await conn.execute(self._sql_schema, prepare=False)
+                        except psycopg.errors.InsufficientPrivilege as exc:
+                            raise ConfigurationError(
+                                f"PostgreSQL at {self.describe()}: cannot create tenure's tables"
+                                f" in schema {self.schema!r} ({exc}); have an administrator run"
+                                " the SQL that `tenure schema --url URL` prints, or grant CREATE"
+                            ) from exc
+                        version = await self._schema_version(conn)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc) from exc
+        if version != str(SCHEMA_VERSION):
+            raise ConfigurationError(
+                f"PostgreSQL at {self.describe()}: the tables {self.prefix}_* in schema "
+                f"{self.schema!r} have schema version {version!r}, this tenure expects "
+                f"{SCHEMA_VERSION}; use another prefix or schema"
+            )
+        self._shared.schema_ready = True
+
+    async def _schema_version(self, conn: psycopg.AsyncConnection[Any]) -> str | None:
+        """The recorded schema version; None when the tables do not exist yet."""
+        try:
+            async with conn.transaction():
+                row = await (await conn.execute(self._sql_version, prepare=False)).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+        return None if row is None else str(row[0])
+
+    async def _query(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
+        """Run one statement; its rows ([] when it returns none). Retried once on a
+        connection the server closed; never on a timeout."""
+        pool = self._pool if self._pool is not None and self._shared.schema_ready else None
+        if pool is None:
+            pool = await self._open_pool()
+        for attempt in (1, 2):
+            timer = _Timer()
+            try:
+                async with pool.connection() as conn:
+                    with self._deadline(conn) as timer:
+                        cur = await conn.execute(query, params)
+                        return await cur.fetchall() if cur.description is not None else []
+            except PoolTimeout as exc:
+                raise self._unavailable(exc, f"gave no connection within {self.timeout} s") from exc
+            except psycopg.OperationalError as exc:
+                if timer.fired:
+                    raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc
+                if attempt == 2 or not conn.closed:
+                    raise self._unavailable(exc) from exc
+                # The server closed a pooled connection (it restarted): drop the
+                # other dead ones, then try once more on a fresh connection.
+                log.debug("a pooled PostgreSQL connection was closed, retrying: %s", exc)
+                with contextlib.suppress(psycopg.Error):
+                    await pool.check()
+            except psycopg.Error as exc:
+                raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the contract ----------------------------------------------------------
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        rows = await self._query(self._sql_acquire, (name, token, holder, ttl))
+        return Grant(rows[0][0]) if rows else None
+
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        if not batch:
+            return []
+        rows = await self._query(
+            self._sql_renew,
+            (
+                [item.name for item in batch],
+                [item.token for item in batch],
+                [item.ttl for item in batch],
+            ),
+        )
+        results = [False] * len(batch)
+        for (i,) in rows:
+            results[i - 1] = True
+        return results
+
+    async def release(self, name: str, token: str) -> bool:
+        rows = await self._query(self._sql_release, (name, token, self._names.channel))
+        return bool(rows and rows[0][0])
+
+    async def _remaining(self, name: str) -> float | None:
+        rows = await self._query(self._sql_remaining, (name,))
+        return float(rows[0][0]) if rows else None
+
+    async def wait_released(self, name: str, timeout: float) -> None:
+        if self.listen_url is None:
+            # Behind a transaction pooler LISTEN cannot work: re-check at the
+            # lease's expiry, and every half second for a release.
+            remaining = await self._remaining(name)
+            if remaining is not None:
+                await asyncio.sleep(min(timeout, remaining, _POLL_WITHOUT_LISTEN))
+            return
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(name, set()).add(woken)
+        try:
+            # Listening (LISTEN confirmed by the server) first, then look at the
+            # lease: a release in between cannot be missed.
+            await self._ensure_listening()
+            remaining = await self._remaining(name)
+            if remaining is None:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken, min(timeout, remaining))
+        finally:
+            waiters = self._waiting.get(name)
+            if waiters is not None:
+                waiters.discard(woken)
+                if not waiters:
+                    del self._waiting[name]
+
+    async def _ensure_listening(self) -> None:
+        if self._listener is not None and not self._listener.done():
+            return
+        if self._listen_guard is None:
+            self._listen_guard = asyncio.Lock()
+        async with self._listen_guard:
+            if self._listener is not None and not self._listener.done():
+                return
+            assert self.listen_url is not None
+            try:
+                conn = await asyncio.wait_for(
+                    psycopg.AsyncConnection.connect(self.listen_url, autocommit=True),
+                    self.timeout,
+                )
+            except (psycopg.Error, TimeoutError) as exc:
+                raise self._unavailable(exc, "refused a LISTEN connection") from exc
+            try:
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._names.channel))
+                await asyncio.wait_for(conn.execute(listen), self.timeout)
+            except (psycopg.Error, TimeoutError) as exc:
+                await conn.close()
+                raise self._unavailable(exc, "failed to LISTEN") from exc
+            self._listener = asyncio.ensure_future(self._listen(conn))
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Read the LISTEN connection and wake the waiters of each released name."""
+        try:
+            async for note in conn.notifies():
+                for woken in self._waiting.get(note.payload, ()):
+                    if not woken.done():
+                        woken.set_result(None)
+        except psycopg.Error as exc:
+            log.debug("the PostgreSQL LISTEN connection failed, waiters re-check: %s", exc)
+        finally:
+            # Whatever ended it, every waiter wakes to re-check; the next wait
+            # opens a new connection.
+            for waiters in self._waiting.values():
+                for woken in waiters:
+                    if not woken.done():
+                        woken.set_result(None)
+            with contextlib.suppress(psycopg.Error):
+                await asyncio.shield(conn.close())
+
+    async def holders(self, prefix: str = "") -> list[LeaseInfo]:
+        rows = await self._query(self._sql_holders, (prefix,))
+        return [
+            LeaseInfo(name, holder or "", fence, expires_in)
+            for name, holder, fence, expires_in in rows
+        ]
+
+    # -- the scheduler's records -------------------------------------------------
+
+    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        return bool(await self._query(self._sql_claim, (task, fire_time)))
+
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        # The columns are RunRecord's fields, in order; runs() reads them back the same way.
+        await self._query(self._sql_record, dataclasses.astuple(record))
+        if record.ended is not None:
+            await self._query(self._sql_trim, {"task": record.task, "skip": keep - 1})
+
+    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        if task is None:
+            rows = await self._query(self._sql_runs_all, (limit,))
+        else:
+            rows = await self._query(self._sql_runs_task, (task, limit))
+        return [RunRecord(*row) for row in rows]
+
+    async def prune(self, *, keep_runs: int) -> int:
+        rows = await self._query(self._sql_prune, (keep_runs,))
+        return int(rows[0][0])
+
+
+def _number(key: str, value: str, kind: type[float] | type[int]) -> float | int:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"PostgreSQL URL option {key} must be a {kind.__name__}, got {value!r}"
+        ) from None
