@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 # Servers the tests start throwaway instances of (Debian packages; root or sudo).
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
+# PostgreSQL's initdb/postgres live in /usr/lib/postgresql/N/bin, off PATH.
+command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+    || missing+=(postgresql)
+command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq

@@ -1,4 +1,4 @@
-"""The ``tenure`` command: ``demo``, ``run`` and ``tasks``."""
+"""The ``tenure`` command: ``demo``, ``run``, ``tasks`` and ``schema``."""
 
 from __future__ import annotations
 
@@ -233,6 +233,21 @@ def _record(r: RunRecord) -> dict[str, Any]:
     }
 
 
+# -- schema -------------------------------------------------------------------
+
+
+def _schema(url: str) -> None:
+    store = store_from_url(url)  # checks the URL; connects to nothing
+    from .stores.postgres import PostgresStore
+
+    if not isinstance(store, PostgresStore):
+        raise ConfigurationError(
+            f"tenure schema prints SQL for PostgreSQL URLs only, not {store.describe()!r}: "
+            "the other stores create what they need themselves"
+        )
+    print(store.schema_sql(), end="")
+
+
 # -- entry point ----------------------------------------------------------------
 
 
@@ -261,6 +276,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "schema", help="print the SQL that creates tenure's PostgreSQL tables, to run by hand"
+    )
+    p.add_argument("--url")
     p = sub.add_parser("_instance", help=argparse.SUPPRESS)
     p.add_argument("--url", required=True)
     p.add_argument("--index", type=int, required=True)
@@ -278,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_serve(args.target, args.url))
         elif args.command == "tasks":
             asyncio.run(_tasks(_url(args.url), args.task, args.limit, args.json))
+        elif args.command == "schema":
+            _schema(_url(args.url))
         elif args.command == "_instance":
             asyncio.run(_demo_instance(args.url, args.index, args.seconds, args.offset))
     except TenureError as exc:

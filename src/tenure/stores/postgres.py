@@ -184,6 +184,11 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         ");\n"
         f"INSERT INTO {{meta}} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}')\n"
         "    ON CONFLICT (key) DO NOTHING;\n"
+        "-- The application's database user then needs (replace app_user):\n"
+        "-- GRANT USAGE ON SCHEMA {schema} TO app_user;\n"
+        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {meta}"
+        " TO app_user;\n"
+        "-- GRANT USAGE ON SEQUENCE {fence} TO app_user;\n"
     )
 
 
@@ -315,6 +320,10 @@ class PostgresStore(Store):
         self._sql_schema_lock = names.render("SELECT pg_advisory_xact_lock(hashtext({lock_key}))")
         self._sql_schema = schema_sql(schema, prefix)
 
+    def schema_sql(self) -> str:
+        """The SQL that creates this store's tables (``tenure schema --url URL``)."""
+        return self._sql_schema
+
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
         parts = urlsplit(url)
@@ -417,17 +426,19 @@ class PostgresStore(Store):
                 with self._deadline(conn):
                     version = await self._schema_version(conn)
                     if version is None:
-                        try:
-                            async with conn.transaction():
-                                await conn.execute(self._sql_schema_lock, prepare=False)
-                                await conn.execute(self._sql_schema, prepare=False)
-                        except psycopg.errors.InsufficientPrivilege as exc:
-                            raise ConfigurationError(
-                                f"PostgreSQL at {self.describe()}: cannot create tenure's tables"
-                                f" in schema {self.schema!r} ({exc}); have an administrator run"
-                                " the SQL that `tenure schema --url URL` prints, or grant CREATE"
-                            ) from exc
+                        async with conn.transaction():
+                            await conn.execute(self._sql_schema_lock, prepare=False)
+                            await conn.execute(self._sql_schema, prepare=False)
                         version = await self._schema_version(conn)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigurationError(
+                f"PostgreSQL at {self.describe()}: this user cannot create or use tenure's tables"
+                f" in schema {self.schema!r} ({exc}); have an administrator run the SQL that"
+                " `tenure schema --url URL` prints, with its GRANTs"
+            ) from exc
+        except PoolTimeout as exc:
+            error, cause = await self._pool_failure(exc)
+            raise error from cause
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
         if version != str(SCHEMA_VERSION):
@@ -447,6 +458,19 @@ class PostgresStore(Store):
             return None
         return None if row is None else str(row[0])
 
+    async def _pool_failure(self, exc: PoolTimeout) -> tuple[StoreUnavailable, BaseException]:
+        """Why the pool gave no connection: the server's own answer when there is one.
+
+        The pool only says it timed out; one direct attempt tells a wrong
+        password or database apart from a pool that is merely busy.
+        """
+        try:
+            conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(self.url), self.timeout)
+        except (psycopg.Error, TimeoutError) as direct:
+            return self._unavailable(direct, "refused a connection"), direct
+        await conn.close()
+        return self._unavailable(exc, f"gave no connection within {self.timeout} s"), exc
+
     async def _query(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
         """Run one statement; its rows ([] when it returns none). Retried once on a
         connection the server closed; never on a timeout."""
@@ -461,7 +485,8 @@ class PostgresStore(Store):
                         cur = await conn.execute(query, params)
                         return await cur.fetchall() if cur.description is not None else []
             except PoolTimeout as exc:
-                raise self._unavailable(exc, f"gave no connection within {self.timeout} s") from exc
+                error, cause = await self._pool_failure(exc)
+                raise error from cause
             except psycopg.OperationalError as exc:
                 if timer.fired:
                     raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc

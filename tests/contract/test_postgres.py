@@ -1,0 +1,314 @@
+"""What only the PostgreSQL store has to show: schema, restarts, poolers, auth, hostile input."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+
+from tenure import ConfigurationError, LockService, StoreUnavailable
+from tenure.stores.postgres import PostgresStore
+
+from ..conftest import postgres_server
+from ..helpers.procs import ROOT
+from ..servers import PgBouncer, PostgresServer
+
+
+@pytest.fixture
+def server() -> Iterator[PostgresServer]:
+    """A cluster of the test's own, which it may kill and restart."""
+    own = PostgresServer()
+    yield own
+    own.stop()
+
+
+def _prefix() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+async def test_instances_starting_together_create_the_schema_once() -> None:
+    url = f"{postgres_server().url()}?prefix={_prefix()}"
+    services = [LockService.from_url(url) for _ in range(8)]
+    try:
+        # Eight stores, eight connections, one fresh prefix: every first use
+        # races to create the tables at the same moment.
+        grants = await asyncio.gather(*(s.acquire("first", ttl=5) for s in services))
+        assert sum(g is not None for g in grants) == 1
+        prefix = url.rsplit("=", 1)[1]
+        version = postgres_server().psql(
+            f"SELECT value FROM {prefix}_meta WHERE key = 'schema_version'"
+        )
+        assert version.strip() == "1"
+    finally:
+        for service in services:
+            await service.close()
+
+
+def _tenure_schema(url: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run(
+        [sys.executable, "-m", "tenure", "schema", "--url", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+
+
+async def test_tables_made_by_hand_serve_a_user_who_cannot_create_them() -> None:
+    server = postgres_server()
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    schema = f"s_{uuid.uuid4().hex[:8]}"
+    server.psql(f"CREATE ROLE {role} LOGIN; CREATE SCHEMA {schema}")
+    url = f"{server.url(user=role)}?schema={schema}"
+    locks = LockService.from_url(url)
+    try:
+        with pytest.raises(ConfigurationError, match="tenure schema --url URL"):
+            await locks.acquire("job", ttl=5)
+        assert server.psql(f"SELECT count(*) FROM pg_tables WHERE schemaname = '{schema}'") == "0\n"
+
+        printed = _tenure_schema(url)
+        assert printed.returncode == 0, printed.stderr
+        assert "CREATE TABLE IF NOT EXISTS" in printed.stdout
+        server.psql(printed.stdout.replace("-- GRANT", "GRANT").replace("app_user", role))
+
+        lock = await locks.acquire("job", ttl=5)
+        assert lock is not None
+        assert [info.name for info in await locks.store.holders()] == ["job"]
+        assert await lock.release() is True
+    finally:
+        await locks.close()
+
+
+def test_tenure_schema_refuses_other_stores() -> None:
+    out = _tenure_schema("sqlite:///tmp/x.db")
+    assert out.returncode == 2
+    assert "PostgreSQL URLs only" in out.stderr
+
+
+async def test_tables_of_another_schema_version_are_refused() -> None:
+    server = postgres_server()
+    prefix = _prefix()
+    server.psql(
+        f"CREATE TABLE {prefix}_meta (key text PRIMARY KEY, value text NOT NULL);"
+        f"INSERT INTO {prefix}_meta VALUES ('schema_version', '99')"
+    )
+    async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
+        with pytest.raises(ConfigurationError, match="schema version '99'"):
+            await locks.acquire("job", ttl=5)
+
+
+async def test_a_restart_loses_no_lease_and_fencing_keeps_increasing(
+    server: PostgresServer,
+) -> None:
+    async with LockService.from_url(server.url()) as locks:
+        lock = await locks.acquire("restart", ttl=3)
+        assert lock is not None
+        other = await locks.acquire("other-name", ttl=3)
+        assert other is not None
+        pid_before = server.proc.pid if server.proc else None
+        server.restart()  # SIGKILL of every server process, then start on the same data
+        assert server.proc is not None and server.proc.pid != pid_before
+        # The row survived: the lease is still there, still ours, same fencing token.
+        [info] = await locks.store.holders("restart")
+        assert info.fencing_token == lock.fencing_token
+        # The renewer's pool recovers by itself: the lock stays held past its TTL.
+        await asyncio.sleep(3.5)
+        assert lock.held
+        assert await locks.acquire("restart", ttl=3) is None
+        assert await lock.release() is True
+        again = await locks.acquire("restart", ttl=3)
+        assert again is not None
+        assert again.fencing_token > max(lock.fencing_token, other.fencing_token)
+
+
+async def test_a_dead_server_fails_closed_and_the_pool_recovers(server: PostgresServer) -> None:
+    async with LockService.from_url(f"{server.url()}?timeout=1") as locks:
+        first = await locks.acquire("down", ttl=1)
+        assert first is not None
+        await first.release()
+        server._kill()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as caught:
+            await locks.acquire("down", ttl=1)
+        assert time.monotonic() - started < 10
+        assert caught.value.__cause__ is not None
+        server.start()
+        # Same service, same pool: no restart of the application needed.
+        lock = await locks.acquire("down", ttl=1)
+        assert lock is not None
+        assert lock.fencing_token > first.fencing_token
+
+
+async def test_scram_password_authentication() -> None:
+    secured = PostgresServer(password="s3cret-pw")
+    try:
+        url = secured.url(password="s3cret-pw")
+        async with LockService.from_url(url) as locks:
+            assert "s3cret-pw" not in locks.store.describe()
+            lock = await locks.acquire("auth", ttl=1)
+            assert lock is not None
+            await asyncio.sleep(0.5)  # a renewal, over the renewer's own pool
+            assert lock.held
+            assert await lock.release() is True
+        wrong = LockService.from_url(secured.url(password="wrong-pw"))
+        with pytest.raises(StoreUnavailable, match="password authentication failed") as caught:
+            await wrong.acquire("auth", ttl=1)
+        assert "wrong-pw" not in str(caught.value)
+        await wrong.close()
+    finally:
+        secured.stop()
+
+
+async def test_through_pgbouncer_in_transaction_pooling_mode() -> None:
+    server = postgres_server()
+    bouncer = PgBouncer(server)
+    prefix = _prefix()
+    url = f"{bouncer.url}?pooler=transaction&prefix={prefix}"
+    try:
+        services = [LockService.from_url(url) for _ in range(3)]
+        try:
+            # 3 services x up to 10 connections share pgbouncer's 2 server
+            # connections: statements of one client land on several backends.
+            names = [f"job-{i}" for i in range(30)]
+            grants = await asyncio.gather(*(s.acquire(n, ttl=1) for s in services for n in names))
+            assert sum(g is not None for g in grants) == len(names)
+            held = [g for g in grants if g is not None]
+            await asyncio.sleep(1.5)  # renewals, through the pooler
+            assert all(lock.held for lock in held)
+            backends = server.psql(
+                "SELECT count(DISTINCT pid) FROM pg_stat_activity WHERE backend_type ="
+                " 'client backend' AND application_name = ''"
+            )
+            assert 1 <= int(backends) <= 3, "pgbouncer multiplexed the clients"
+            # A waiter without LISTEN re-checks at least every half second.
+            first = held[0]
+            waiting = asyncio.ensure_future(services[1].acquire(first.name, ttl=1, wait=5))
+            await asyncio.sleep(0.2)
+            released = time.monotonic()
+            assert await first.release() is True
+            got = await waiting
+            assert got is not None
+            assert time.monotonic() - released < 1.5
+            assert all(await asyncio.gather(*(lock.release() for lock in held[1:])))
+        finally:
+            for service in services:
+                await service.close()
+        # With a direct session connection for LISTEN, waiters are notified.
+        listen = quote(f"{server.url()}", safe="")
+        async with (
+            LockService.from_url(f"{url}&listen_url={listen}") as one,
+            LockService.from_url(f"{url}&listen_url={listen}") as two,
+        ):
+            lock = await one.acquire("notified", ttl=30)
+            assert lock is not None
+            waiting = asyncio.ensure_future(two.acquire("notified", ttl=30, wait=10))
+            await asyncio.sleep(0.3)
+            released = time.monotonic()
+            await lock.release()
+            assert await waiting is not None
+            assert time.monotonic() - released < 0.4
+    finally:
+        bouncer.stop()
+
+
+HOSTILE_NAMES = [
+    "it's",
+    'say "hi"',
+    "a; DROP TABLE tenure_leases; --",
+    "$1 %s %(x)s {}",
+    "ünïcødé ✓ 名前",
+    "x" * 255,
+    "é" * 127,  # 254 bytes
+]
+
+
+async def test_hostile_names_are_only_ever_parameters() -> None:
+    async with LockService.from_url(f"{postgres_server().url()}?prefix={_prefix()}") as locks:
+        held = []
+        for name in HOSTILE_NAMES:
+            lock = await locks.acquire(name, ttl=5)
+            assert lock is not None, name
+            assert await locks.acquire(name, ttl=5) is None
+            held.append(lock)
+        infos = await locks.store.holders()
+        assert [info.name for info in infos] == sorted(HOSTILE_NAMES)
+        assert [info.name for info in await locks.store.holders("it'")] == ["it's"]
+        assert all([await lock.release() for lock in held])
+
+
+@pytest.mark.parametrize(
+    ("schema", "prefix"),
+    [
+        ('we"ird', "p'; DROP TABLE x; --"),
+        ("ünï cødé", "名前"),
+        ("public", "a" * 40),
+    ],
+)
+async def test_hostile_schema_and_prefix_are_quoted_identifiers(schema: str, prefix: str) -> None:
+    server = postgres_server()
+    tag = uuid.uuid4().hex[:6]
+    schema = f"{schema}{tag}" if schema != "public" else schema
+    prefix = f"{prefix[:34]}{tag}"
+    url = f"{server.url()}?schema={quote(schema)}&prefix={quote(prefix)}"
+    async with LockService.from_url(url) as locks:
+        lock = await locks.acquire("job", ttl=5)
+        assert lock is not None
+        assert await lock.release() is True
+    escaped = schema.replace("'", "''")
+    tables = server.psql(
+        f"SELECT tablename FROM pg_tables WHERE schemaname = '{escaped}' ORDER BY 1"
+    ).splitlines()
+    assert {f"{prefix}_{t}" for t in ("leases", "claims", "runs", "meta")} <= set(tables)
+
+
+async def test_pruned_rows_never_let_a_fencing_token_repeat() -> None:
+    server = postgres_server()
+    prefix = _prefix()
+    async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
+        lock = await locks.acquire("pruned", ttl=1)
+        assert lock is not None
+        await lock.release()
+        assert await locks.store.prune(keep_runs=10) == 0, "a fresh row is kept a while"
+        server.psql(f"UPDATE {prefix}_leases SET expires = expires - interval '1 hour'")
+        assert await locks.store.prune(keep_runs=10) == 1
+        assert server.psql(f"SELECT count(*) FROM {prefix}_leases") == "0\n"
+        again = await locks.acquire("pruned", ttl=1)
+        assert again is not None
+        assert again.fencing_token > lock.fencing_token
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://127.0.0.1/db?pooler=statement", "pooler must be"),
+        ("postgresql://127.0.0.1/db?timeout=soon", "timeout must be a float"),
+        ("postgresql://127.0.0.1/db?timeout=0", "timeout must be between"),
+        ("postgresql://127.0.0.1/db?pool_max=0", "pool_max must be between"),
+        ("postgresql://127.0.0.1/db?prefix=", "table prefix"),
+        ("postgresql://127.0.0.1/db?prefix=" + "a" * 41, "table prefix"),
+        ("postgresql://127.0.0.1/db?schema=", "schema"),
+        ("postgresql://u:hunter2@127.0.0.1/db?color=blue", "color"),
+    ],
+)
+def test_bad_postgres_urls(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says) as caught:
+        LockService.from_url(url)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_both_schemes_and_the_url_the_store_keeps() -> None:
+    store = PostgresStore.from_url("postgres://u:pw@127.0.0.1:5/db?sslmode=disable&prefix=app")
+    assert isinstance(store, PostgresStore)
+    assert store.prefix == "app"
+    assert store.describe() == (
+        "postgresql://u:***@127.0.0.1:5/db?sslmode=disable&connect_timeout=2"
+    )
