@@ -92,6 +92,9 @@ _MAX_PREFIX_BYTES = 40  # "<prefix>_released" must fit PostgreSQL's 63-byte iden
 _MAX_IDENT_BYTES = 63
 
 
+_Pool = AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+
+
 @dataclasses.dataclass
 class _Timer:
     fired: bool = False
@@ -245,7 +248,8 @@ class PostgresStore(Store):
         )
         self._shared = _shared if _shared is not None else _Shared()
         self._names = names = _Names(schema, prefix)
-        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._pool: _Pool | None = None
+        self._background: set[asyncio.Future[None]] = set()
         self._pool_guard: asyncio.Lock | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -374,14 +378,16 @@ class PostgresStore(Store):
     def _unavailable(self, exc: BaseException, what: str = "failed") -> StoreUnavailable:
         return StoreUnavailable(f"PostgreSQL at {self.describe()} {what}: {exc}")
 
-    async def _open_pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    async def _current_pool(self) -> _Pool:
+        if self._pool is not None:
+            return self._pool
         if self._closed:
             raise StoreUnavailable(f"the store {self.describe()} is closed")
         if self._pool_guard is None:
             self._pool_guard = asyncio.Lock()
         async with self._pool_guard:
             if self._pool is None:
-                pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+                pool: _Pool = AsyncConnectionPool(
                     self.url,
                     kwargs={
                         "autocommit": True,
@@ -397,9 +403,43 @@ class PostgresStore(Store):
                 )
                 await pool.open(wait=False)
                 self._pool = pool
-            if not self._shared.schema_ready:
-                await self._ensure_schema(self._pool)
-        return self._pool
+            return self._pool
+
+    async def _replace_pool(self, stale: _Pool) -> _Pool:
+        """A fresh pool instead of ``stale``, which is closed in the background."""
+        if self._pool is stale:
+            self._pool = None
+            closing = asyncio.ensure_future(stale.close())
+            self._background.add(closing)
+            closing.add_done_callback(self._background.discard)
+        return await self._current_pool()
+
+    async def _checkout(self) -> tuple[_Pool, psycopg.AsyncConnection[Any]]:
+        """A pooled connection (and its pool, to give it back to).
+
+        psycopg's pool retries a failed connection with a growing backoff, so
+        after an outage it may go on waiting minutes after the server is back.
+        When it gives no connection in time, one direct attempt tells why: the
+        server's own refusal (a wrong password, a missing database) is raised;
+        a server that answers means the pool is stuck, and it is replaced.
+        """
+        pool = await self._current_pool()
+        try:
+            return pool, await pool.getconn()
+        except PoolTimeout as exc:
+            try:
+                direct = await asyncio.wait_for(
+                    psycopg.AsyncConnection.connect(self.url), self.timeout
+                )
+            except (psycopg.Error, TimeoutError) as refused:
+                raise self._unavailable(refused, "refused a connection") from refused
+            await direct.close()
+            log.debug("the PostgreSQL pool gave no connection but the server answers: %s", exc)
+        pool = await self._replace_pool(pool)
+        try:
+            return pool, await pool.getconn()
+        except PoolTimeout as exc:
+            raise self._unavailable(exc, f"gave no connection within {self.timeout} s") from exc
 
     @contextlib.contextmanager
     def _deadline(self, conn: psycopg.AsyncConnection[Any]) -> Iterator[_Timer]:
@@ -420,27 +460,27 @@ class PostgresStore(Store):
         finally:
             handle.cancel()
 
-    async def _ensure_schema(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+    async def _ensure_schema(self) -> None:
+        """Create the tables unless they exist; check their version. Once per store family."""
+        pool, conn = await self._checkout()
         try:
-            async with pool.connection() as conn:
-                with self._deadline(conn):
+            with self._deadline(conn):
+                version = await self._schema_version(conn)
+                if version is None:
+                    async with conn.transaction():
+                        await conn.execute(self._sql_schema_lock, prepare=False)
+                        await conn.execute(self._sql_schema, prepare=False)
                     version = await self._schema_version(conn)
-                    if version is None:
-                        async with conn.transaction():
-                            await conn.execute(self._sql_schema_lock, prepare=False)
-                            await conn.execute(self._sql_schema, prepare=False)
-                        version = await self._schema_version(conn)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise ConfigurationError(
                 f"PostgreSQL at {self.describe()}: this user cannot create or use tenure's tables"
                 f" in schema {self.schema!r} ({exc}); have an administrator run the SQL that"
                 " `tenure schema --url URL` prints, with its GRANTs"
             ) from exc
-        except PoolTimeout as exc:
-            error, cause = await self._pool_failure(exc)
-            raise error from cause
         except psycopg.Error as exc:
             raise self._unavailable(exc) from exc
+        finally:
+            await pool.putconn(conn)
         if version != str(SCHEMA_VERSION):
             raise ConfigurationError(
                 f"PostgreSQL at {self.describe()}: the tables {self.prefix}_* in schema "
@@ -458,47 +498,32 @@ class PostgresStore(Store):
             return None
         return None if row is None else str(row[0])
 
-    async def _pool_failure(self, exc: PoolTimeout) -> tuple[StoreUnavailable, BaseException]:
-        """Why the pool gave no connection: the server's own answer when there is one.
-
-        The pool only says it timed out; one direct attempt tells a wrong
-        password or database apart from a pool that is merely busy.
-        """
-        try:
-            conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(self.url), self.timeout)
-        except (psycopg.Error, TimeoutError) as direct:
-            return self._unavailable(direct, "refused a connection"), direct
-        await conn.close()
-        return self._unavailable(exc, f"gave no connection within {self.timeout} s"), exc
-
     async def _query(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
         """Run one statement; its rows ([] when it returns none). Retried once on a
         connection the server closed; never on a timeout."""
-        pool = self._pool if self._pool is not None and self._shared.schema_ready else None
-        if pool is None:
-            pool = await self._open_pool()
+        if not self._shared.schema_ready:
+            await self._ensure_schema()
         for attempt in (1, 2):
+            pool, conn = await self._checkout()
             timer = _Timer()
             try:
-                async with pool.connection() as conn:
-                    with self._deadline(conn) as timer:
-                        cur = await conn.execute(query, params)
-                        return await cur.fetchall() if cur.description is not None else []
-            except PoolTimeout as exc:
-                error, cause = await self._pool_failure(exc)
-                raise error from cause
+                with self._deadline(conn) as timer:
+                    cur = await conn.execute(query, params)
+                    return await cur.fetchall() if cur.description is not None else []
             except psycopg.OperationalError as exc:
                 if timer.fired:
                     raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc
                 if attempt == 2 or not conn.closed:
                     raise self._unavailable(exc) from exc
-                # The server closed a pooled connection (it restarted): drop the
-                # other dead ones, then try once more on a fresh connection.
+                # The server closed a pooled connection (it restarted): below, drop
+                # the other dead ones, then try once more on a fresh connection.
                 log.debug("a pooled PostgreSQL connection was closed, retrying: %s", exc)
-                with contextlib.suppress(psycopg.Error):
-                    await pool.check()
             except psycopg.Error as exc:
                 raise self._unavailable(exc) from exc
+            finally:
+                await pool.putconn(conn)  # a broken connection is discarded, not reused
+            with contextlib.suppress(psycopg.Error):
+                await pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- the contract ----------------------------------------------------------
