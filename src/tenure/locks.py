@@ -13,11 +13,12 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _validate
+from ._aio import shielded as _shielded
 from .errors import LockLost, TenureError
 from .renewer import LeaseState, Renewer
 from .stores import from_url as store_from_url
@@ -55,23 +56,6 @@ def current_lock() -> Lock:
 
 def _holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-async def _shielded(awaitable: Awaitable[T]) -> T:
-    """Await to completion even if the caller is cancelled meanwhile, then re-raise that."""
-    task = asyncio.ensure_future(awaitable)
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError as exc:
-            if task.done():
-                raise
-            cancelled = exc
-    if cancelled is not None:
-        raise cancelled
-    return result
 
 
 class Lock(LeaseState):
