@@ -7,6 +7,7 @@ The difference is the handoff: the release, the datagram that wakes the
 waiter, and the waiter's acquire.
 
     python bench/handoff.py [--n 200] [--url URL]     (default: a temporary SQLite file)
+    python bench/handoff.py --postgres                 (a throwaway PostgreSQL cluster)
 
 With a Redis URL, python-redis-lock (whose waiters block in BLPOP) is measured
 the same way in the same run, for comparison.
@@ -18,9 +19,11 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import statistics
+import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from tenure import LockService
 
@@ -103,23 +106,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--url", help="store URL (default: a temporary SQLite file)")
+    parser.add_argument(
+        "--postgres", action="store_true", help="start a throwaway PostgreSQL cluster (the tests')"
+    )
     args = parser.parse_args()
-    url = args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
+    if args.postgres:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.servers import PostgresServer
+
+        server = PostgresServer()
+        try:
+            measure(server.url(), args.n)
+        finally:
+            server.stop()
+        return
+    measure(args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db", args.n)
+
+
+def measure(url: str, n: int) -> None:
     spawn = mp.get_context("spawn")
     ours, theirs = mp.Pipe()
-    proc = spawn.Process(target=waiter, args=(url, args.n, theirs))
+    proc = spawn.Process(target=waiter, args=(url, n, theirs))
     proc.start()
     assert ours.recv() == "ready"
-    latencies = asyncio.run(holder(url, args.n, ours))
+    latencies = asyncio.run(holder(url, n, ours))
     proc.join()
-    print(f"handoff to a waiting process on {url.split(':')[0]}, {args.n} handoffs:")
+    print(f"handoff to a waiting process on {url.split(':', maxsplit=1)[0]}, {n} handoffs:")
     report("tenure", latencies)
     if url.startswith(("redis://", "rediss://", "unix://")):
         ours, theirs = mp.Pipe()
-        proc = spawn.Process(target=peer_waiter, args=(url, args.n, theirs))
+        proc = spawn.Process(target=peer_waiter, args=(url, n, theirs))
         proc.start()
         assert ours.recv() == "ready"
-        peer = peer_holder(url, args.n, ours)
+        peer = peer_holder(url, n, ours)
         proc.join()
         report("python-redis-lock (BLPOP)", peer)
 

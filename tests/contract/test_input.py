@@ -96,7 +96,8 @@ async def test_run_exclusively_needs_a_callable(locks: LockService) -> None:
 @pytest.mark.parametrize("url", ["mysql://localhost/x", "http://x", "nope", "", "sqlite3:///x"])
 def test_unknown_schemes_list_the_known_ones(url: str) -> None:
     with pytest.raises(
-        ConfigurationError, match="known schemes: memory, redis, rediss, sqlite, unix"
+        ConfigurationError,
+        match="known schemes: memory, postgres, postgresql, redis, rediss, sqlite, unix",
     ):
         LockService.from_url(url)
 

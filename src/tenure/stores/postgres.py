@@ -42,11 +42,15 @@ How it stays correct
 * **No session state.** No advisory locks, no ``SET``; schema creation takes a
   transaction-scoped advisory lock only. Acquire, renew and release therefore
   work through PgBouncer in transaction pooling mode (``pooler=transaction``).
-* **Waiters are notified.** A release runs ``pg_notify`` on the channel
-  ``<prefix>_released`` with the lock's name. Each store keeps one LISTEN
-  connection (opened at the first wait, a plain session connection: never a
-  transaction pooler's) and wakes its waiters by name; a waiter also wakes
-  when the current lease expires. Behind a transaction pooler without
+* **Waiters are notified.** A waiter counts itself on the lease row (in the
+  statement that reads the lease's remaining time), and a release that finds
+  the count above zero runs ``pg_notify`` on the channel ``<prefix>_released``
+  with the lock's name; a release nobody waits for pays no NOTIFY. Each store
+  keeps one LISTEN connection (opened at the first wait, a plain session
+  connection: never a transaction pooler's) and wakes its waiters by name; a
+  waiter also wakes when the current lease expires. A waiter killed while
+  waiting leaves its count behind, which only costs later releases of that
+  name a needless NOTIFY. Behind a transaction pooler without
   ``listen_url``, waiters re-check at the lease's expiry and at least every
   half second.
 * **Failures.** A statement that gets no answer within ``timeout`` has its
@@ -223,7 +227,11 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
 
 
 def _sever(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Shut the connection's socket down so that a statement waiting on it fails now."""
+    """Shut the connection's socket down so that a statement waiting on it fails now.
+
+    shutdown() acts on the socket whatever family the duplicate is given, so
+    this serves TCP and unix-socket connections alike.
+    """
     try:
         fd = conn.pgconn.socket
     except psycopg.Error:
@@ -282,7 +290,6 @@ class PostgresStore(Store):
         self._in_flight: set[_InFlight] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._pool_guard: asyncio.Lock | None = None
-        self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._listen_guard: asyncio.Lock | None = None
         self._waiting: dict[str, set[asyncio.Future[None]]] = {}
@@ -305,7 +312,6 @@ class PostgresStore(Store):
             "WHERE l.name = b.name AND l.token = b.token AND l.expires > clock_timestamp() "
             "RETURNING b.i"
         )
-        # The row keeps its expiry, so RETURNING still sees whether it was live.
         # The row keeps its expiry, so RETURNING still sees whether it was live.
         # NOTIFY (a queue write and a global lock at commit) only when waiters
         # registered on the row; CASE evaluates pg_notify only then.
