@@ -363,12 +363,21 @@ class SQLiteStore(Store):
             conn.execute("ROLLBACK")
             raise
 
+    def _cursor(self) -> sqlite3.Cursor:
+        """This thread's cursor, reused: every statement is fetched to its end at once."""
+        try:
+            cur: sqlite3.Cursor = self._local.cur
+            return cur
+        except AttributeError:  # this thread's first statement
+            cur = self._local.cur = self._conn().cursor()
+            return cur
+
     def _failed(self, exc: sqlite3.Error) -> StoreUnavailable:
         return StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}")
 
     def _run(self, sql: str, params: Sequence[object]) -> list[Any]:
         try:
-            return self._conn().execute(sql, params).fetchall()
+            return self._cursor().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc
 
@@ -376,11 +385,11 @@ class SQLiteStore(Store):
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
         params = (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time())
-        conn = self._conn()
+        cur = self._cursor()
         try:
-            rows = conn.execute(self._sql_acquire, params).fetchall()
+            rows = cur.execute(self._sql_acquire, params).fetchall()
             if not rows:
-                rows = conn.execute(self._sql_acquire_new, params).fetchall()
+                rows = cur.execute(self._sql_acquire_new, params).fetchall()
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc
         return Grant(rows[0][0]) if rows else None
@@ -396,7 +405,7 @@ class SQLiteStore(Store):
     async def release(self, name: str, token: str) -> bool:
         now = time.monotonic_ns()
         try:
-            alone = self._conn().execute(self._sql_release_alone, (name, token, now)).rowcount
+            alone = self._cursor().execute(self._sql_release_alone, (name, token, now)).rowcount
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc
         if alone:
