@@ -13,6 +13,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -167,6 +168,8 @@ class LockService:
         self._closed = False
         self._start_guard = threading.Lock()
         self._background: set[asyncio.Task[Any]] = set()
+        self._forked = False
+        _live.add(self)
 
     @classmethod
     def from_url(cls, url: str, *, holder: str | None = None) -> LockService:
@@ -195,14 +198,43 @@ class LockService:
         """Start the renewer thread (idempotent)."""
         if self._closed:
             raise TenureError("this LockService is closed; make a new one")
+        if self._forked:
+            self._reconnect()
         with self._start_guard:
             self._renewer.start()
+
+    def _after_fork(self) -> None:
+        """In a forked child (no I/O here): forget the parent's grants and threads.
+
+        The child neither renews nor releases the locks the parent holds, and
+        its Lock objects say they are not held. Its store connections and
+        renewer thread belong to the parent; the next use reconnects.
+        """
+        for lock in self._held:
+            lock.abandon_in_fork()
+        self._held = set()
+        self._background = set()
+        self._start_guard = threading.Lock()
+        self._forked = True
+
+    def _reconnect(self) -> None:
+        """After a fork: a store of the child's own, and a renewer of its own."""
+        with self._start_guard:
+            if not self._forked:
+                return
+            # The inherited store is the parent's; it is left alone, not closed.
+            self.store = self.store.sibling()
+            self._owns_store = True
+            self._renewer = Renewer(self.store)
+            self._forked = False
 
     async def close(self) -> None:
         """Release every lock still held, stop the renewer, close an owned store."""
         if self._closed:
             return
         self._closed = True
+        if self._forked:
+            return  # a forked child that never used it: nothing held, nothing of its own open
         for lock in list(self._held):
             await self._release_quietly(lock)
         await asyncio.to_thread(self._renewer.stop)
@@ -238,7 +270,7 @@ class LockService:
             wait = _validate.check_wait(wait)
         if self._closed:
             raise TenureError("this LockService is closed; make a new one")
-        if self._renewer._thread is None:
+        if self._renewer._thread is None or self._forked:
             self.start()
         lock = await self._try_acquire(name, ttl)
         if lock is not None or wait == 0:
@@ -343,6 +375,19 @@ class LockService:
             raise
         if lock.lost:
             raise LockLost(lock.name, lock.lost_reason or "lost")
+
+
+_live: weakref.WeakSet[LockService] = weakref.WeakSet()
+"""Every LockService of this process, for the fork handler."""
+
+
+def _after_fork_in_child() -> None:
+    for service in list(_live):
+        service._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

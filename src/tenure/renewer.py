@@ -43,6 +43,9 @@ enough that one call's request and reply stay well under a megabyte."""
 
 LOST_BY_DEADLINE = "no renewal was confirmed before the lock's local deadline"
 LOST_BY_STORE = "the store no longer has this lock's token (it expired or was taken over)"
+LOST_BY_FORK = (
+    "this process was forked from the one that acquired the lock; that process still holds it"
+)
 
 
 def safety_margin(ttl: float) -> float:
@@ -128,6 +131,18 @@ class LeaseState:
             self.released = True
             self._wake_locked()
             return was_held
+
+    def abandon_in_fork(self) -> None:
+        """In a forked child: no longer held here, never released from here.
+
+        Takes no guard: a thread of the parent may have held it at the fork,
+        and that thread does not exist in the child.
+        """
+        self.guard = threading.Lock()
+        self.waiters = []
+        if not self.released and self.loss is None:
+            self.loss = LOST_BY_FORK
+        self.released = True  # so release() sends nothing: the parent's grant stays the parent's
 
     def extend(self, sent: float) -> None:
         """Record a renewal that was sent at ``sent`` and confirmed."""

@@ -90,6 +90,12 @@ class Store(ABC):
     cross_process: ClassVar[bool] = True
     """False for stores that only work inside one process (memory)."""
 
+    completes_at_once: ClassVar[bool] = False
+    """True when :meth:`acquire` and :meth:`release` never suspend and need no
+    running event loop (their I/O is synchronous and short, as SQLite's is):
+    the blocking API (``tenure.sync``) then runs them on the caller's thread
+    instead of handing them to its event-loop thread."""
+
     @classmethod
     @abstractmethod
     def from_url(cls, url: str) -> Store:

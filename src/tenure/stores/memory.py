@@ -43,6 +43,7 @@ class MemoryStore(Store):
 
     scheme: ClassVar[str] = "memory"
     cross_process: ClassVar[bool] = False
+    completes_at_once: ClassVar[bool] = True
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
     _named_guard: ClassVar[threading.Lock] = threading.Lock()

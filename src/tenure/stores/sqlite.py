@@ -92,6 +92,7 @@ class SQLiteStore(Store):
     """Leases in a SQLite database file. See the module docstring."""
 
     scheme: ClassVar[str] = "sqlite"
+    completes_at_once: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -1,0 +1,140 @@
+"""The blocking API (tenure.sync): uncontended acquire+release against blocking peers.
+
+Side by side, interleaved in rounds, in one run:
+
+* SQLite: ``tenure.sync`` against a hand-written sqlite3 lease cycle (WAL,
+  ``synchronous=NORMAL``; see bench/sqlite_cycle.py) and the asyncio API;
+* Redis (a throwaway ``redis-server``, or ``--redis URL``): ``tenure.sync``
+  against redis-py's blocking ``Lock`` and two blocking ``PING``s.
+
+    python bench/sync_cycle.py [--n 2000] [--rounds 7] [--redis redis://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+import tenure
+from tenure.sync import LockService
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from redis_cycle import redis_server
+from sqlite_cycle import hand_written
+
+
+def time_sync(fn: Callable[[], object], n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n
+
+
+def report(title: str, results: dict[str, list[float]], floor: str) -> None:
+    med = {name: statistics.median(values) for name, values in results.items()}
+    print(title)
+    for name, value in med.items():
+        print(f"  {name:32s} {value * 1e6:8.1f} µs   {value / med[floor]:5.2f}x {floor}")
+
+
+def sqlite(n: int, rounds: int) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="tenure-bench-"))
+    conn = hand_written(directory / "hand.db")
+    url = f"sqlite://{directory}/tenure.db"
+
+    def hand_cycle() -> None:
+        rows = conn.execute(
+            "INSERT INTO lease VALUES (?1, ?2, ?3 + 30000000000) ON CONFLICT (name) DO UPDATE"
+            " SET token = excluded.token, expires = excluded.expires"
+            " WHERE lease.token IS NULL OR lease.expires <= ?3 RETURNING 1",
+            ("bench", "t" * 32, time.monotonic_ns()),
+        ).fetchall()
+        assert rows
+        conn.execute(
+            "UPDATE lease SET token = NULL, expires = 0 WHERE name = ?1 AND token = ?2",
+            ("bench", "t" * 32),
+        )
+
+    results: dict[str, list[float]] = {}
+    with LockService.from_url(url) as locks:
+
+        def sync_cycle() -> None:
+            lock = locks.acquire("bench:sync")
+            assert lock is not None
+            lock.release()
+
+        async def async_rounds() -> float:
+            async with tenure.LockService.from_url(url) as alocks:
+                start = time.perf_counter()
+                for _ in range(n):
+                    lock = await alocks.acquire("bench:async")
+                    assert lock is not None
+                    await lock.release()
+                return (time.perf_counter() - start) / n
+
+        for _ in range(rounds):
+            results.setdefault("hand-written sqlite3 cycle", []).append(time_sync(hand_cycle, n))
+            results.setdefault("tenure.sync acquire+release", []).append(time_sync(sync_cycle, n))
+            results.setdefault("tenure (asyncio) acquire+release", []).append(
+                asyncio.run(async_rounds())
+            )
+    report(
+        f"SQLite, {rounds} rounds x {n} (median):", results, floor="hand-written sqlite3 cycle"
+    )
+
+
+def redis_cycles(url: str, n: int, rounds: int) -> None:
+    client = redis.Redis.from_url(url)
+    results: dict[str, list[float]] = {}
+    with LockService.from_url(url) as locks:
+
+        def two_pings() -> None:
+            client.ping()
+            client.ping()
+
+        def redis_py_lock() -> None:
+            lock = client.lock("bench:redis-py", timeout=30)
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        def sync_cycle() -> None:
+            lock = locks.acquire("bench:sync")
+            assert lock is not None
+            lock.release()
+
+        contenders = {
+            "two PINGs (blocking)": two_pings,
+            "redis-py Lock (blocking)": redis_py_lock,
+            "tenure.sync acquire+release": sync_cycle,
+        }
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                results.setdefault(name, []).append(time_sync(fn, n))
+    client.close()
+    report(f"Redis, {rounds} rounds x {n} (median):", results, floor="two PINGs (blocking)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--redis", help="a Redis URL (default: a throwaway redis-server)")
+    args = parser.parse_args()
+    sqlite(args.n, args.rounds)
+    if args.redis:
+        redis_cycles(args.redis, args.n, args.rounds)
+    else:
+        with redis_server() as url:
+            redis_cycles(url, args.n, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,369 @@
+"""The blocking API: tenure's locks for code without an event loop.
+
+Django and Flask under gunicorn, Celery workers and plain scripts use the same
+names as the asyncio API, minus ``await``::
+
+    from tenure.sync import LockService
+
+    locks = LockService.from_url("sqlite:///var/lib/myapp/tenure.db")
+    with locks:
+        outcome = locks.run_exclusively("reindex-catalog", reindex)   # 'ran' | 'skipped'
+        lock = locks.acquire("export:report-42")                       # Lock | None
+        if lock is not None:
+            with lock:
+                generate(fence=lock.fencing_token)
+
+One source of truth: this module holds no lock logic of its own. Every call
+goes to the asyncio core (``tenure.LockService``), either on the calling thread
+(stores whose acquire and release complete at once, SQLite and memory: no
+thread hop, so a blocking acquire costs what an async one does) or through one
+event-loop thread per service (Redis, PostgreSQL: their connections live on
+that loop). The core's renewer thread keeps every held lock alive whatever the
+calling thread does, CPU-bound work included.
+
+* **Threads.** A service may be used from any number of threads at once; a
+  lock acquired in one thread may be released from another.
+* **Loss.** A thread cannot be cancelled safely, so ``run_exclusively`` runs
+  ``fn`` to its end on the calling thread and then raises ``LockLost`` if the
+  lock was lost meanwhile; ``lock.held`` / ``current_lock().held`` let long
+  work check as it goes, from any thread.
+* **Fork.** After ``os.fork()`` (gunicorn ``--preload``, Celery prefork,
+  ``multiprocessing`` with fork) the child neither renews nor releases the
+  parent's locks, and its Lock objects say ``held == False`` (``lost``, with
+  the reason); the parent keeps them. A service used in the child opens
+  connections and a renewer of its own at its next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import _validate
+from . import locks as _core
+from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
+from .locks import Outcome
+from .stores.base import Store
+
+__all__ = (
+    "ConfigurationError",
+    "InvalidArgument",
+    "Lock",
+    "LockLost",
+    "LockService",
+    "Outcome",
+    "StoreUnavailable",
+    "TenureError",
+    "current_lock",
+)
+
+log = logging.getLogger("tenure")
+
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[Lock | None] = contextvars.ContextVar(
+    "tenure_sync_current_lock", default=None
+)
+
+
+def current_lock() -> Lock:
+    """The lock of the innermost blocking ``run_exclusively`` running this code."""
+    lock = _current.get()
+    if lock is None:
+        raise TenureError("current_lock() was called outside run_exclusively")
+    return lock
+
+
+def _at_once(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (see ``Store.completes_at_once``)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("a store declared completes_at_once suspended; this is a bug in that store")
+
+
+class _Portal:
+    """An event loop on a thread of its own, started at first use."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._running())
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted while waiting (KeyboardInterrupt): the core's own
+            # cancellation handling cleans up (an acquire that raced is released).
+            future.cancel()
+            raise
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
+        with self._guard:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=serve, name="tenure-sync", daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def stop(self) -> None:
+        with self._guard:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+class Lock:
+    """One grant of a named lock, for blocking code. From ``LockService.acquire``.
+
+    The same attributes as the asyncio ``tenure.Lock``: ``name``, ``ttl``,
+    ``token`` (the secret, never shown), ``fencing_token``, ``held``, ``lost``,
+    ``lost_reason``; ``release()`` and ``with lock:`` block instead of awaiting.
+    """
+
+    __slots__ = ("_lock", "_service")
+
+    def __init__(self, service: LockService, lock: _core.Lock) -> None:
+        self._service = service
+        self._lock = lock
+
+    @property
+    def name(self) -> str:
+        return self._lock.name
+
+    @property
+    def ttl(self) -> float:
+        return self._lock.ttl
+
+    @property
+    def token(self) -> str:
+        return self._lock.token
+
+    @property
+    def fencing_token(self) -> int:
+        return self._lock.fencing_token
+
+    @property
+    def held(self) -> bool:
+        """True while the grant is valid by its local deadline; safe from any thread."""
+        return self._lock.held
+
+    @property
+    def lost(self) -> bool:
+        return self._lock.lost
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._lock.lost_reason
+
+    def release(self) -> bool:
+        """Give the lock back: True only when it was still valid, locally and in the store."""
+        return self._service._run(self._lock.release())
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the lock is no longer held (lost or released), or ``timeout``.
+
+        Returns True when it is no longer held.
+        """
+
+        async def wait() -> None:
+            await asyncio.wait_for(self._lock.wait_lost(), timeout)
+
+        try:
+            self._service._portal.call(wait())
+        except TimeoutError:
+            return False
+        return True
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._service._run(self._service._core._release_quietly(self._lock))
+
+    def __repr__(self) -> str:
+        return repr(self._lock)
+
+
+class LockService:
+    """Acquires named locks and keeps them renewed, for blocking code.
+
+    ``with LockService.from_url(url) as locks:`` starts the renewer and, on
+    exit, releases every lock still held and closes the store. See the module
+    docstring for threads, loss and fork.
+    """
+
+    def __init__(self, store: Store, *, holder: str | None = None) -> None:
+        self._core = _core.LockService(store, holder=holder)
+        self._portal = _Portal()
+        _live.add(self)
+
+    @classmethod
+    def from_url(cls, url: str, *, holder: str | None = None) -> LockService:
+        """A service on the store a URL names (the same URLs as the asyncio API)."""
+        service = cls.__new__(cls)
+        service._core = _core.LockService.from_url(url, holder=holder)
+        service._portal = _Portal()
+        _live.add(service)
+        return service
+
+    @property
+    def store(self) -> Store:
+        return self._core.store
+
+    @property
+    def holder(self) -> str:
+        return self._core.holder
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a call of the core: on this thread when the store allows, else on the portal."""
+        if self._core.store.completes_at_once:
+            return _at_once(coro)
+        return self._portal.call(coro)
+
+    def __enter__(self) -> LockService:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the renewer thread (idempotent); the first acquire also does."""
+        self._core.start()
+
+    def close(self) -> None:
+        """Release every lock still held, stop the renewer and the loop thread."""
+        try:
+            self._portal.call(self._core.close())
+        finally:
+            self._portal.stop()
+
+    def acquire(
+        self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0
+    ) -> Lock | None:
+        """The lock ``name``, or None when it is held elsewhere.
+
+        As the asyncio ``acquire``: returns at once on contention unless
+        ``wait`` seconds are given, woken by the release itself.
+        """
+        coro = self._core.acquire(name, ttl=ttl, wait=wait)
+        if wait == 0 and self._core.store.completes_at_once:
+            lock = _at_once(coro)
+        else:
+            lock = self._portal.call(coro)
+        return None if lock is None else Lock(self, lock)
+
+    def run_exclusively(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        ttl: float = _validate.DEFAULT_TTL,
+        **kwargs: Any,
+    ) -> Outcome:
+        """Run ``fn(*args, **kwargs)`` on this thread under the lock ``name``, or skip.
+
+        Returns Outcome.RAN after ``fn`` returned (an exception from ``fn``
+        propagates after the release) and Outcome.SKIPPED, without calling
+        ``fn``, on contention. If the lock was lost while ``fn`` ran, LockLost
+        is raised once it returns.
+        """
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be callable, got {fn!r}")
+        if _core._is_async(fn):
+            raise InvalidArgument(
+                f"{fn!r} is an async function; run it with tenure.LockService (asyncio)"
+            )
+        lock = self.acquire(name, ttl=ttl)
+        if lock is None:
+            log.debug("run_exclusively(%r): held elsewhere, skipped", name)
+            return Outcome.SKIPPED
+        reset = _current.set(lock)
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:
+            if lock.lost:
+                raise LockLost(lock.name, lock.lost_reason or "lost") from exc
+            raise
+        finally:
+            _current.reset(reset)
+            lock.__exit__(None, None, None)
+        if lock.lost:
+            raise LockLost(lock.name, lock.lost_reason or "lost")
+        return Outcome.RAN
+
+    def exclusive(
+        self, name: str | None = None, *, ttl: float = _validate.DEFAULT_TTL
+    ) -> Callable[[Callable[..., Any]], Callable[..., Outcome]]:
+        """Decorate a function so that each call runs it through ``run_exclusively``.
+
+        The decorated function returns the Outcome (``'ran'`` or
+        ``'skipped'``), not ``fn``'s own result: a call that was skipped has
+        none. ``name`` defaults to the function's ``module.qualname``.
+        """
+        ttl = _validate.check_ttl(ttl)
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Outcome]:
+            lock_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
+            _validate.check_name(lock_name)
+
+            @functools.wraps(fn)
+            def exclusively(*args: Any, **kwargs: Any) -> Outcome:
+                return self.run_exclusively(lock_name, fn, *args, ttl=ttl, **kwargs)
+
+            return exclusively
+
+        return decorate
+
+
+_live: weakref.WeakSet[LockService] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The loop thread is the parent's; the child starts its own when needed.
+    for service in list(_live):
+        service._portal = _Portal()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
