@@ -86,9 +86,7 @@ def sqlite(n: int, rounds: int) -> None:
             results.setdefault("tenure (asyncio) acquire+release", []).append(
                 asyncio.run(async_rounds())
             )
-    report(
-        f"SQLite, {rounds} rounds x {n} (median):", results, floor="hand-written sqlite3 cycle"
-    )
+    report(f"SQLite, {rounds} rounds x {n} (median):", results, floor="hand-written sqlite3 cycle")
 
 
 def redis_cycles(url: str, n: int, rounds: int) -> None:

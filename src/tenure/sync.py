@@ -51,6 +51,7 @@ from . import _validate
 from . import locks as _core
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .locks import Outcome
+from .stores import from_url as store_from_url
 from .stores.base import Store
 
 __all__ = (
@@ -228,17 +229,17 @@ class LockService:
     """
 
     def __init__(self, store: Store, *, holder: str | None = None) -> None:
-        self._core = _core.LockService(store, holder=holder)
+        blocking = store.for_blocking()
+        self._core = _core.LockService(blocking, holder=holder)
+        self._core._owns_store = blocking is not store  # a variant made here is ours to close
         self._portal = _Portal()
         _live.add(self)
 
     @classmethod
     def from_url(cls, url: str, *, holder: str | None = None) -> LockService:
         """A service on the store a URL names (the same URLs as the asyncio API)."""
-        service = cls.__new__(cls)
-        service._core = _core.LockService.from_url(url, holder=holder)
-        service._portal = _Portal()
-        _live.add(service)
+        service = cls(store_from_url(url), holder=holder)
+        service._core._owns_store = True
         return service
 
     @property
@@ -318,7 +319,9 @@ class LockService:
         if lock is None:
             log.debug("run_exclusively(%r): held elsewhere, skipped", name)
             return Outcome.SKIPPED
-        reset = _current.set(lock)
+        # Both current_lock()s answer inside fn: this module's gives the blocking
+        # Lock, tenure.current_lock() the asyncio one behind it.
+        reset, reset_core = _current.set(lock), _core._current.set(lock._lock)
         try:
             fn(*args, **kwargs)
         except Exception as exc:
@@ -326,6 +329,7 @@ class LockService:
                 raise LockLost(lock.name, lock.lost_reason or "lost") from exc
             raise
         finally:
+            _core._current.reset(reset_core)
             _current.reset(reset)
             lock.__exit__(None, None, None)
         if lock.lost:

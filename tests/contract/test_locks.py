@@ -1,4 +1,9 @@
-"""The lock contract C1-C9 and C11, run unchanged over every store."""
+"""The lock contract C1-C9 and C11, run unchanged over every store and both APIs.
+
+Each test runs on the asyncio API and on the blocking one (``tenure.sync``,
+through tests/helpers/sync_as_async.py); the few that are about asyncio itself
+(async functions, task cancellation) are marked ``asyncio_only``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import asyncio
 import re
 import threading
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,8 +20,38 @@ from tenure import LockLost, LockService, Outcome, StoreUnavailable, current_loc
 from tenure.renewer import LOST_BY_DEADLINE, LOST_BY_STORE
 
 from ..conftest import StoreKind
+from ..helpers.sync_as_async import ServiceOverSync
 
 TTL = 1.0
+
+asyncio_only = pytest.mark.asyncio_only
+
+
+@pytest.fixture(params=["asyncio", "sync"])
+def api(request: pytest.FixtureRequest) -> str:
+    if request.param == "sync" and request.node.get_closest_marker("asyncio_only"):
+        pytest.skip("about async functions or task cancellation: the asyncio API only")
+    return str(request.param)
+
+
+async def _service(api: str, url: str) -> Any:
+    service = LockService.from_url(url) if api == "asyncio" else ServiceOverSync(url)
+    return await service.__aenter__()
+
+
+@pytest.fixture
+async def locks(api: str, url: str) -> AsyncIterator[Any]:
+    service = await _service(api, url)
+    yield service
+    await service.__aexit__(None, None, None)
+
+
+@pytest.fixture
+async def other(api: str, url: str) -> AsyncIterator[Any]:
+    """A second service on the same store: another instance of the application."""
+    service = await _service(api, url)
+    yield service
+    await service.__aexit__(None, None, None)
 
 
 async def test_acquire_grants_and_contention_returns_none(
@@ -245,6 +282,7 @@ async def test_many_waiters_each_get_it_in_turn(locks: LockService, other: LockS
     assert len(set(order)) == 4
 
 
+@asyncio_only
 async def test_run_exclusively_runs_and_skips(locks: LockService, other: LockService) -> None:
     calls: list[str] = []
 
@@ -264,6 +302,7 @@ async def test_run_exclusively_runs_and_skips(locks: LockService, other: LockSer
     assert await other.acquire("excl", ttl=TTL) is not None, "released after the run"
 
 
+@asyncio_only
 async def test_run_exclusively_propagates_errors_after_release(locks: LockService) -> None:
     async def boom() -> None:
         raise KeyError("boom")
@@ -273,6 +312,7 @@ async def test_run_exclusively_propagates_errors_after_release(locks: LockServic
     assert await locks.acquire("err", ttl=TTL) is not None
 
 
+@asyncio_only
 async def test_run_exclusively_cancels_work_on_loss(locks: LockService) -> None:
     cancelled = asyncio.Event()
 
@@ -322,6 +362,7 @@ async def test_plain_function_loss_raises_when_it_returns(locks: LockService) ->
     assert observed == [False]
 
 
+@asyncio_only
 async def test_cancelling_run_exclusively_releases(locks: LockService) -> None:
     started = asyncio.Event()
 
@@ -337,6 +378,7 @@ async def test_cancelling_run_exclusively_releases(locks: LockService) -> None:
     assert await locks.store.holders("cancel") == []
 
 
+@asyncio_only
 async def test_cancelling_a_plain_function_keeps_the_lock_until_it_returns(
     locks: LockService,
 ) -> None:

@@ -181,6 +181,16 @@ class Store(ABC):
         atomic step; live leases and occurrence claims are never touched.
         """
 
+    def for_blocking(self) -> Store:
+        """The store that blocking callers (``tenure.sync``) should use.
+
+        The default is this store. A store whose asyncio driver would cost a
+        blocking caller a hop to an event-loop thread may return a variant
+        whose acquire and release use a blocking driver on the caller's thread
+        (and so set ``completes_at_once``); its other methods stay asyncio.
+        """
+        return self
+
     def sibling(self) -> Store:
         """A store for another thread's event loop, sharing this one's data.
 

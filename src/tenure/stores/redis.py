@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -38,12 +39,14 @@ from importlib import resources
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import redis as redis_sync
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.retry import Retry as BlockingRetry
 
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
@@ -65,6 +68,26 @@ def _load_script(name: str) -> str:
 
 
 _SOURCES = {name: _load_script(name) for name in _SCRIPTS}
+# What EVALSHA names each script by: SHA-1 of its source, as the server computes it.
+_SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in _SOURCES.items()}
+
+
+def _client(factory: Any, url: str, retry: type[Any] = Retry) -> Any:
+    """A redis-py client (asyncio or blocking) with tenure's timeouts and retry."""
+    try:
+        return factory(
+            url,
+            socket_timeout=2.0,
+            socket_connect_timeout=2.0,
+            decode_responses=False,
+            # One immediate retry on a broken connection (a restarted server
+            # closes every pooled one), never on a timeout: a timed-out command
+            # may have run, and a retried acquire would then see its own lease
+            # as contention.
+            retry=retry(NoBackoff(), 1, (RedisConnectionError,)),
+        )
+    except (ValueError, TypeError, RedisError) as exc:
+        raise ConfigurationError(f"bad Redis URL {_mask(url)!r}: {exc}") from None
 
 
 def _escape_glob(text: str) -> str:
@@ -85,22 +108,10 @@ class RedisStore(Store):
         self.prefix = prefix
         self.cluster = cluster
         factory: Any = aioredis.RedisCluster.from_url if cluster else aioredis.from_url
-        try:
-            self._client: Any = factory(
-                url,
-                socket_timeout=2.0,
-                socket_connect_timeout=2.0,
-                decode_responses=False,
-                # One immediate retry on a broken connection (a restarted
-                # server closes every pooled one), never on a timeout: a
-                # timed-out command may have run, and a retried acquire would
-                # then see its own lease as contention.
-                retry=Retry(NoBackoff(), 1, (RedisConnectionError,)),
-            )
-        except (ValueError, TypeError, RedisError) as exc:
-            raise ConfigurationError(f"bad Redis URL {_mask(url)!r}: {exc}") from None
+        self._client: Any = _client(factory, url)
         self._sha: dict[str, str] = {}
         self._pubsub: Any = None
+        self._subscribing: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
         self._confirmed: dict[bytes, asyncio.Event] = {}
         self._waiting: dict[bytes, set[asyncio.Future[None]]] = {}
@@ -172,11 +183,14 @@ class RedisStore(Store):
 
     # -- the contract --------------------------------------------------------
 
-    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+    def _acquire_call(
+        self, name: str, token: str, ttl: float, holder: str
+    ) -> tuple[tuple[str, str], tuple[str, int, str]]:
         tag = self._tag(name)
-        fence = await self._script(
-            "acquire", (tag + ":lease", tag + ":fence"), (token, max(1, round(ttl * 1000)), holder)
-        )
+        return (tag + ":lease", tag + ":fence"), (token, max(1, round(ttl * 1000)), holder)
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        fence = await self._script("acquire", *self._acquire_call(name, token, ttl, holder))
         return None if fence is None else Grant(int(fence))
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
@@ -207,6 +221,9 @@ class RedisStore(Store):
     async def release(self, name: str, token: str) -> bool:
         done = await self._script("release", (self._lease(name),), (token, self._channel(name)))
         return bool(done)
+
+    def for_blocking(self) -> Store:
+        return _BlockingRedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
 
     async def wait_released(self, name: str, timeout: float) -> None:
         channel = self._channel(name).encode()
@@ -239,15 +256,26 @@ class RedisStore(Store):
                     self._unsubscribe(channel)
 
     async def _subscribe(self, channel: bytes) -> asyncio.Event:
-        """Subscribe the store's one pub/sub connection to ``channel``; its confirmation."""
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
-        confirmed = self._confirmed.get(channel)
-        if confirmed is None:
-            confirmed = self._confirmed[channel] = asyncio.Event()
-            await self._pubsub.subscribe(channel)
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.ensure_future(self._listen(self._pubsub))
+        """Subscribe the store's one pub/sub connection to ``channel``; its confirmation.
+
+        One waiter at a time: the listener may only start reading once a first
+        SUBSCRIBE has given the pub/sub object its connection.
+        """
+        if self._subscribing is None:
+            self._subscribing = asyncio.Lock()
+        async with self._subscribing:
+            if self._pubsub is None:
+                if self.cluster:
+                    # A cluster client's pub/sub needs the slot map, which a
+                    # client used only for waiting (tenure.sync) has not loaded.
+                    await self._client.initialize()
+                self._pubsub = self._client.pubsub()
+            confirmed = self._confirmed.get(channel)
+            if confirmed is None:
+                confirmed = self._confirmed[channel] = asyncio.Event()
+                await self._pubsub.subscribe(channel)
+            if self._listener is None or self._listener.done():
+                self._listener = asyncio.ensure_future(self._listen(self._pubsub))
         return confirmed
 
     def _unsubscribe(self, channel: bytes) -> None:
@@ -361,6 +389,53 @@ class RedisStore(Store):
             return sum([await self._trim(task, keep_runs) for task in tasks])
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+
+class _BlockingRedisStore(RedisStore):
+    """The Redis store for blocking callers (``tenure.sync``).
+
+    Acquire and release go through redis-py's blocking client, on the caller's
+    thread; the same scripts, keys and results as RedisStore, whose asyncio
+    methods serve everything else (waiters on the API's loop thread, and the
+    renewer, through ``sibling()``).
+    """
+
+    completes_at_once: ClassVar[bool] = True
+
+    def __init__(self, url: str, *, prefix: str = "tenure", cluster: bool = False) -> None:
+        super().__init__(url, prefix=prefix, cluster=cluster)
+        self._blocking: Any = _client(
+            redis_sync.RedisCluster.from_url if cluster else redis_sync.Redis.from_url,
+            url,
+            BlockingRetry,
+        )
+
+    def _blocking_script(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        try:
+            try:
+                return self._blocking.evalsha(_SHAS[name], len(keys), *keys, *args)
+            except NoScriptError:  # the server restarted or flushed its script cache
+                self._blocking.script_load(_SOURCES[name])
+                return self._blocking.evalsha(_SHAS[name], len(keys), *keys, *args)
+        except _DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        fence = self._blocking_script("acquire", *self._acquire_call(name, token, ttl, holder))
+        return None if fence is None else Grant(int(fence))
+
+    async def release(self, name: str, token: str) -> bool:
+        keys, args = (self._lease(name),), (token, self._channel(name))
+        return bool(self._blocking_script("release", keys, args))
+
+    def for_blocking(self) -> Store:
+        return self
+
+    async def aclose(self) -> None:
+        self._blocking.close()
+        await super().aclose()
 
 
 def _quiet(task: asyncio.Task[Any]) -> None:
