@@ -433,6 +433,11 @@ class _BlockingRedisStore(RedisStore):
     def for_blocking(self) -> Store:
         return self
 
+    def sibling(self) -> RedisStore:
+        # Of the same kind, so that a forked child's reconnected service still
+        # acquires on the caller's thread; the renewer only uses its asyncio side.
+        return _BlockingRedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
+
     async def aclose(self) -> None:
         self._blocking.close()
         await super().aclose()
