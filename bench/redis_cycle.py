@@ -4,7 +4,9 @@ Starts its own redis-server (no persistence) on a free loopback port unless
 ``--url`` is given. Every contender runs on the same server in interleaved
 rounds; each is reported against the two-PING floor of its own kind of client
 (asyncio for tenure and redis-py's asyncio Lock, blocking for
-python-redis-lock and pottery, which have no asyncio API).
+python-redis-lock and pottery, which have no asyncio API). Two pre-encoded
+PINGs on a pinned asyncio connection show the wire floor under redis-py's
+general command path: tenure sends its scripts that way.
 
     python bench/redis_cycle.py [--n 2000] [--rounds 7] [--url redis://...]
 """
@@ -91,6 +93,15 @@ async def run(url: str, n: int, rounds: int) -> None:
             await aclient.ping()
             await aclient.ping()
 
+        pinned = await aclient.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        ping = b"*1\r\n$4\r\nPING\r\n"
+
+        async def two_raw_pings() -> None:
+            # The wire floor: what tenure's own pinned connection does, minus the script.
+            for _ in range(2):
+                await pinned.send_packed_command(ping, check_health=False)
+                await pinned.read_response()
+
         async def tenure_cycle() -> None:
             lock = await locks.acquire("bench:tenure")
             assert lock is not None
@@ -117,6 +128,7 @@ async def run(url: str, n: int, rounds: int) -> None:
 
         contenders_async = {
             "two PINGs (asyncio)": two_pings_async,
+            "two PINGs, pre-encoded, pinned": two_raw_pings,
             "tenure acquire+release": tenure_cycle,
             "redis-py asyncio Lock": redis_py_lock,
         }
@@ -130,6 +142,7 @@ async def run(url: str, n: int, rounds: int) -> None:
                 results.setdefault(name, []).append(await time_async(afn, n))
             for name, sfn in contenders_sync.items():
                 results.setdefault(name, []).append(time_sync(sfn, n))
+    await aclient.connection_pool.release(pinned)
     await aclient.aclose()
     sclient.close()
     med = {name: statistics.median(v) for name, v in results.items()}

@@ -315,24 +315,40 @@ class PostgresServer:
             timeout=60,
         ).stdout
 
-    def pause(self) -> None:
+    def _signal_all(self, sig: signal.Signals) -> None:
+        """Signal the postmaster, then every process it forked.
+
+        Each backend makes itself a process group of its own (setsid), so a
+        signal to the postmaster's group would miss the connections already open.
+        """
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, sig)
+        for child in _children(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP the server and every backend: open connections stop answering too."""
+        self._signal_all(signal.SIGSTOP)
 
     def resume(self) -> None:
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGCONT)
+        for child in _children(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGCONT)
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            children = _children(self.proc.pid)
+            self._signal_all(signal.SIGKILL)
             self.proc.wait()
-        if self.proc is not None:
-            # The backends are in the same group; make sure none outlives the postmaster.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            for child in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGCONT)
+                    os.kill(child, signal.SIGKILL)
         self.proc = None
 
     def restart(self) -> None:
@@ -344,6 +360,23 @@ class PostgresServer:
     def stop(self) -> None:
         self._kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces, so split after its ")".
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
 
 
 class PgBouncer:

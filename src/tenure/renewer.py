@@ -185,6 +185,11 @@ def _dead(state: LeaseState) -> bool:
     return state.released or state.loss is not None
 
 
+def _drop_answer(call: asyncio.Future[list[bool]]) -> None:
+    if not call.cancelled() and call.exception() is not None:
+        log.debug("a late renewal failed: %r", call.exception())
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -291,9 +296,16 @@ class Renewer:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._ready.set()
+        # Connect while nothing is due yet, beside the loop rather than before
+        # it: the first renewal then does not pay for connection set-up (a
+        # cluster's slot map, a pool), which a thread starved of the GIL by
+        # CPU-bound work could stretch past a short TTL.
+        warming = asyncio.ensure_future(store.warm_up())
         try:
             await self._run(store)
         finally:
+            warming.cancel()
+            await asyncio.gather(warming, return_exceptions=True)
             if store is not self._store:
                 await store.aclose()
 
@@ -349,10 +361,19 @@ class Renewer:
         budget = max(0.05, min(state.deadline for state in batch) - sent)
         items = [RenewItem(state.name, state.token, state.ttl) for state in batch]
         self.round_trips += 1
+        call = asyncio.ensure_future(store.renew(items))
         try:
-            results = await asyncio.wait_for(store.renew(items), budget)
+            # Waited for, never cancelled: cancelling a driver mid-call can cost
+            # more than the call (psycopg then sends a cancel request and waits
+            # for it). A call past its budget is left to the store's own
+            # timeout, and its answer, which no longer matters, is dropped.
+            await asyncio.wait((call,), timeout=budget)
+            if not call.done():
+                call.add_done_callback(_drop_answer)
+                raise TimeoutError(f"no answer within {budget:.2f} s")
+            results = call.result()
         except Exception as exc:  # every failure is retried the same way, until the deadline
-            log.warning("renewing %d lock(s) failed, retrying: %s", len(batch), exc)
+            log.warning("renewing %d lock(s) failed, retrying: %r", len(batch), exc)
             now = time.monotonic()
             for state in batch:
                 if not state.alive():

@@ -181,6 +181,13 @@ class Store(ABC):
         atomic step; live leases and occurrence claims are never touched.
         """
 
+    async def warm_up(self) -> None:  # noqa: B027 - optional hook, empty by design
+        """Open connections ahead of first use (the renewer calls it as it starts).
+
+        Never raises: a store that cannot be reached now says so at its first
+        real call.
+        """
+
     def for_blocking(self) -> Store:
         """The store that blocking callers (``tenure.sync``) should use.
 

@@ -415,6 +415,10 @@ class PostgresStore(Store):
             _shared=self._shared,
         )
 
+    async def warm_up(self) -> None:
+        with contextlib.suppress(psycopg.Error, StoreUnavailable):
+            await self._current_pool()  # starts connecting in the background
+
     async def aclose(self) -> None:
         self._closed = True
         if self._watchdog is not None:

@@ -45,7 +45,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry as BlockingRetry
 
 from ..errors import ConfigurationError, StoreUnavailable
@@ -70,6 +70,7 @@ def _load_script(name: str) -> str:
 _SOURCES = {name: _load_script(name) for name in _SCRIPTS}
 # What EVALSHA names each script by: SHA-1 of its source, as the server computes it.
 _SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in _SOURCES.items()}
+_SHA_BYTES = {name: sha.encode() for name, sha in _SHAS.items()}
 
 
 def _client(factory: Any, url: str, retry: type[Any] = Retry) -> Any:
@@ -88,6 +89,20 @@ def _client(factory: Any, url: str, retry: type[Any] = Retry) -> Any:
         )
     except (ValueError, TypeError, RedisError) as exc:
         raise ConfigurationError(f"bad Redis URL {_mask(url)!r}: {exc}") from None
+
+
+def _encode(arg: str | int | float) -> bytes:
+    if isinstance(arg, str):
+        return arg.encode()
+    return (repr(arg) if isinstance(arg, float) else str(arg)).encode()
+
+
+def _evalsha(name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
+    """The RESP encoding of ``EVALSHA sha numkeys keys... args...``, as redis-py encodes."""
+    parts = [b"EVALSHA", _SHA_BYTES[name], str(len(keys)).encode()]
+    parts += [key.encode() for key in keys]
+    parts += [_encode(arg) for arg in args]
+    return b"".join([b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)])
 
 
 def _escape_glob(text: str) -> str:
@@ -109,7 +124,8 @@ class RedisStore(Store):
         self.cluster = cluster
         factory: Any = aioredis.RedisCluster.from_url if cluster else aioredis.from_url
         self._client: Any = _client(factory, url)
-        self._sha: dict[str, str] = {}
+        self._lane: Any = None
+        self._lane_busy = False
         self._pubsub: Any = None
         self._subscribing: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -142,7 +158,15 @@ class RedisStore(Store):
         # redis.asyncio connections belong to the loop that opened them.
         return RedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
 
+    async def warm_up(self) -> None:
+        with contextlib.suppress(*_DRIVER_ERRORS):
+            if self.cluster:
+                await self._client.initialize()  # the slot map and a connection per node
+            else:
+                await self._client.ping()
+
     async def aclose(self) -> None:
+        await self._drop_lane()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -163,17 +187,63 @@ class RedisStore(Store):
     async def _script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
+        if not self.cluster and not self._lane_busy:
+            return await self._script_on_lane(name, keys, args)
         try:
-            sha = self._sha.get(name)
-            if sha is None:
-                sha = self._sha[name] = await self._client.script_load(_SOURCES[name])
             try:
-                return await self._client.evalsha(sha, len(keys), *keys, *args)
+                return await self._client.evalsha(_SHAS[name], len(keys), *keys, *args)
             except NoScriptError:  # the server restarted or flushed its script cache
-                self._sha[name] = await self._client.script_load(_SOURCES[name])
-                return await self._client.evalsha(self._sha[name], len(keys), *keys, *args)
+                await self._client.script_load(_SOURCES[name])
+                return await self._client.evalsha(_SHAS[name], len(keys), *keys, *args)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+    async def _script_on_lane(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        """EVALSHA, pre-encoded, on the store's own pinned connection (its *lane*).
+
+        redis-py's general command path (pool checkout, command packing,
+        response callbacks) costs more than the round trip itself; a script
+        call that finds the lane free writes its bytes and reads one reply.
+        Calls that find it busy take the general path. The same retry policy:
+        once on a broken connection, never on a timeout.
+        """
+        self._lane_busy = True
+        reloaded = reconnected = False
+        try:
+            while True:
+                conn = self._lane
+                try:
+                    if conn is None:
+                        conn = self._lane = await self._client.connection_pool.get_connection()
+                    await conn.send_packed_command(_evalsha(name, keys, args), check_health=False)
+                    return await conn.read_response()
+                except NoScriptError:  # the server restarted or flushed its script cache
+                    if reloaded:
+                        raise
+                    reloaded = True
+                    await self._client.script_load(_SOURCES[name])
+                except ResponseError:
+                    raise  # an error reply: the connection itself is fine
+                except BaseException as exc:
+                    # A timeout or a cancellation may leave a reply unread: the
+                    # connection is given up, and a new one is taken next time.
+                    await self._drop_lane()
+                    if reconnected or not isinstance(exc, RedisConnectionError):
+                        raise
+                    reconnected = True
+        except _DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        finally:
+            self._lane_busy = False
+
+    async def _drop_lane(self) -> None:
+        conn, self._lane = self._lane, None
+        if conn is not None:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await conn.disconnect(nowait=True)
+            await self._client.connection_pool.release(conn)
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
