@@ -151,7 +151,7 @@ async def run(url: str, n: int, rounds: int) -> None:
         floor = (
             med["two PINGs (asyncio)"] if name in contenders_async else med["two PINGs (blocking)"]
         )
-        print(f"  {name:26s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x its floor")
+        print(f"  {name:32s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x its floor")
 
 
 def main() -> None:

@@ -60,6 +60,9 @@ _DRIVER_ERRORS = (RedisError, RedisClusterException, OSError)
 
 log = logging.getLogger("tenure.stores.redis")
 
+_UNSUBSCRIBE_AFTER = 5.0
+"""Seconds a release channel stays subscribed after its last waiter left."""
+
 _SCRIPTS = ("acquire", "release", "renew", "claim", "record")
 
 
@@ -349,7 +352,17 @@ class RedisStore(Store):
         return confirmed
 
     def _unsubscribe(self, channel: bytes) -> None:
-        self._confirmed.pop(channel, None)
+        """Unsubscribe ``channel`` a little later, if nobody waits on it by then.
+
+        Not at once: the waiter that just woke is about to acquire, and the
+        UNSUBSCRIBE would compete with that acquire for the loop; and a name
+        waited on once is often waited on again.
+        """
+        asyncio.get_running_loop().call_later(_UNSUBSCRIBE_AFTER, self._unsubscribe_idle, channel)
+
+    def _unsubscribe_idle(self, channel: bytes) -> None:
+        if channel in self._waiting or self._confirmed.pop(channel, None) is None:
+            return  # waited on again, or the connection was replaced meanwhile
         pubsub = self._pubsub
         if pubsub is not None:
             task = asyncio.ensure_future(pubsub.unsubscribe(channel))
