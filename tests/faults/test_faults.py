@@ -1,0 +1,180 @@
+"""Injected faults against real worker processes, judged by the history checker.
+
+Each scenario runs on every store that several processes can share, with a
+TTL of one second, and proves that its fault bit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ..helpers.procs import ROOT
+from .fenced import Resource
+from .history import Grant, grants, read_logs, violations
+
+TTL = 1.0
+
+
+class Run:
+    """A fenced resource process and the workers of one scenario."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url = url
+        self.tmp = tmp
+        self.env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.resource = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.fenced"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            cwd=ROOT,
+        )
+        assert self.resource.stdout is not None
+        self.port = int(self.resource.stdout.readline())
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, count: int, iterations: int, hold: float = 0.05) -> None:
+        for _ in range(count):
+            name = f"w{len(self.workers)}"
+            self.workers[name] = subprocess.Popen(
+                [
+                    sys.executable,
+                    *("-m", "tests.faults.worker", self.url, "fault-lock"),
+                    str(self.tmp / f"{name}.jsonl"),
+                    *(str(self.port), str(iterations), str(TTL), str(hold)),
+                ],
+                env=self.env,
+                cwd=ROOT,
+            )
+
+    def log(self, worker: str) -> Path:
+        return self.tmp / f"{worker}.jsonl"
+
+    def wait_until_holding(self, worker: str, timeout: float = 30) -> int:
+        """Block until ``worker`` logs a grant; its fence."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log(worker).exists():
+                [mine] = read_logs([self.log(worker)]).values()
+                for event in mine:
+                    if event["op"] == "acquire" and event["fence"] is not None:
+                        return int(event["fence"])
+            time.sleep(0.005)
+        raise TimeoutError(f"{worker} never got the lock")
+
+    def finish(self, timeout: float = 120) -> list[Grant]:
+        for proc in self.workers.values():
+            proc.wait(timeout)
+        return grants(read_logs([self.log(w) for w in self.workers if self.log(w).exists()]))
+
+    def stats(self) -> tuple[int, int, int]:
+        import socket
+
+        with socket.create_connection(("127.0.0.1", self.port)) as sock:
+            sock.sendall(b"stats\n")
+            value, accepted, rejected = sock.makefile().readline().split()
+        return int(value), int(accepted), int(rejected)
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+        self.resource.kill()
+        self.resource.wait()
+        if self.resource.stdout is not None:
+            self.resource.stdout.close()
+
+
+@pytest.fixture
+def run(shared_url: str, tmp_path: Path) -> Iterator[Run]:
+    scenario = Run(shared_url, tmp_path)
+    yield scenario
+    scenario.close()
+
+
+def test_no_fault_six_processes(run: Run) -> None:
+    run.start(6, iterations=6)
+    history = run.finish()
+    assert violations(history) == []
+    assert len(history) == 36
+    assert all(g.released for g in history)
+    value, accepted, rejected = run.stats()
+    assert (value, accepted, rejected) == (36, 36, 0), "no lost update, nothing stale"
+    # It really was contended: some acquire waited for another's release.
+    assert max(g.granted - g.requested for g in history) > 20_000_000
+
+
+def test_holder_paused_past_twice_the_ttl(run: Run) -> None:
+    run.start(1, iterations=1, hold=0.3)
+    run.wait_until_holding("w0")
+    run.start(3, iterations=3)
+    paused_at = time.monotonic_ns()
+    os.kill(run.workers["w0"].pid, signal.SIGSTOP)
+    time.sleep(2.5 * TTL)
+    resumed_at = time.monotonic_ns()
+    os.kill(run.workers["w0"].pid, signal.SIGCONT)
+    history = run.finish()
+    assert resumed_at - paused_at > 2 * TTL * 1e9, "the pause outlasted twice the TTL"
+    assert violations(history) == []
+    [paused] = [g for g in history if g.worker == "w0"]
+    during = [g for g in history if g.worker != "w0" and paused_at < g.granted < resumed_at]
+    assert during, "another process got the lock while the holder was paused"
+    assert paused.released is False, "the paused holder's late release was a no-op"
+    value, accepted, rejected = run.stats()
+    assert value == accepted == len(history) - 1, "the stale write was refused, none lost"
+    assert rejected >= 1
+
+
+def test_holder_killed_frees_the_lock_within_the_ttl(run: Run) -> None:
+    run.start(1, iterations=1, hold=5.0)
+    run.wait_until_holding("w0")
+    run.start(2, iterations=2)
+    time.sleep(0.2)  # the others are waiting on it
+    killed_at = time.monotonic_ns()
+    run.workers["w0"].kill()
+    history = run.finish()
+    assert violations(history) == []
+    [victim] = [g for g in history if g.worker == "w0"]
+    assert victim.released is None, "it died holding the lock"
+    after = min(g.granted for g in history if g.worker != "w0")
+    assert after > killed_at, "nobody else had it before the kill"
+    assert after - killed_at < (TTL + 1.0) * 1e9
+    value, accepted, _ = run.stats()
+    assert value == accepted == 4
+
+
+def _grant(worker: str, fence: int, requested: int, granted: int, end: int) -> Grant:
+    return Grant(worker, fence, requested, granted, end, released=True)
+
+
+def test_the_checker_finds_what_it_is_for() -> None:
+    fine = [_grant("a", 1, 0, 10, 20), _grant("b", 2, 5, 25, 40)]
+    assert violations(fine) == []
+    overlap = [_grant("a", 1, 0, 10, 30), _grant("b", 2, 5, 25, 40)]
+    assert any("overlap" in v for v in violations(overlap))
+    repeated = [_grant("a", 3, 0, 10, 20), _grant("b", 3, 21, 25, 40)]
+    assert any("twice" in v for v in violations(repeated))
+    backwards = [_grant("a", 5, 0, 10, 20), _grant("b", 4, 21, 25, 40)]
+    assert any("smaller token" in v for v in violations(backwards))
+    told = _grant("a", 1, 0, 10, 20)
+    told.checks.append({"t": 20, "held": True, "deadline": 20})
+    assert any("past its deadline" in v for v in violations([told]))
+
+
+def test_the_resource_refuses_stale_fences() -> None:
+    resource = Resource()
+    assert resource.handle("read 5") == "ok 0"
+    assert resource.handle("write 5 1") == "ok"
+    assert resource.handle("read 4") == "stale 5"
+    assert resource.handle("write 6 2") == "ok"
+    assert resource.handle("stats") == "2 2 1"

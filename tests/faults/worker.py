@@ -1,0 +1,86 @@
+"""A fault-suite worker: acquire, read-modify-write the fenced resource, release; log it all.
+
+    python -m tests.faults.worker URL NAME LOG RESOURCE_PORT ITERATIONS TTL HOLD
+
+Each event is one JSON line appended to LOG and flushed at once (see
+history.py), so a worker killed mid-run leaves everything up to its death.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from tenure import Lock, LockService
+
+
+class Log:
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the whole run
+
+    def __call__(self, **event: Any) -> None:
+        self.file.write(json.dumps(event) + "\n")
+        self.file.flush()
+
+
+def deadline_ns(lock: Lock) -> int:
+    return int(lock.deadline * 1e9)  # time.monotonic() seconds, the clock of monotonic_ns
+
+
+async def watch(lock: Lock, log: Log) -> None:
+    """While held, log what ``held`` says and the deadline every 50 ms: the renewals
+    show in the log, so a worker killed mid-hold leaves its lease's end within 50 ms."""
+    while True:
+        log(op="check", t=time.monotonic_ns(), held=lock.held, deadline=deadline_ns(lock))
+        await asyncio.sleep(0.05)
+
+
+async def main(argv: list[str]) -> None:
+    url, name, log_path = argv[:3]
+    port, n, ttl, hold = int(argv[3]), int(argv[4]), float(argv[5]), float(argv[6])
+    log = Log(log_path)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def ask(line: str) -> list[str]:
+        writer.write((line + "\n").encode())
+        await writer.drain()
+        return (await reader.readline()).decode().split()
+
+    async with LockService.from_url(url) as locks:
+        for _ in range(n):
+            t0 = time.monotonic_ns()
+            lock = await locks.acquire(name, ttl=ttl, wait=30)
+            t1 = time.monotonic_ns()
+            if lock is None:
+                log(op="acquire", t0=t0, t1=t1, fence=None, deadline=None)
+                continue
+            log(op="acquire", t0=t0, t1=t1, fence=lock.fencing_token, deadline=deadline_ns(lock))
+            watching = asyncio.ensure_future(watch(lock, log))
+            answer = await ask(f"read {lock.fencing_token}")
+            await asyncio.sleep(hold)  # the window in which a pause or a kill lands
+            log(op="check", t=time.monotonic_ns(), held=lock.held, deadline=deadline_ns(lock))
+            w0 = time.monotonic_ns()
+            accepted = False
+            if answer[0] == "ok":
+                accepted = (await ask(f"write {lock.fencing_token} {int(answer[1]) + 1}"))[
+                    0
+                ] == "ok"
+            log(
+                op="write",
+                t0=w0,
+                t1=time.monotonic_ns(),
+                fence=lock.fencing_token,
+                accepted=accepted,
+            )
+            watching.cancel()
+            deadline = deadline_ns(lock)
+            r0 = time.monotonic_ns()
+            log(op="release", t0=r0, ok=await lock.release(), deadline=deadline)
+    writer.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:8]))
