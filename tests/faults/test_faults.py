@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers.procs import ROOT
+from ..servers import PostgresServer, RedisServer
 from .fenced import Resource
 from .history import Grant, grants, read_logs, violations
 
@@ -178,3 +179,50 @@ def test_the_resource_refuses_stale_fences() -> None:
     assert resource.handle("read 4") == "stale 5"
     assert resource.handle("write 6 2") == "ok"
     assert resource.handle("stats") == "2 2 1"
+
+
+@pytest.mark.parametrize("down_for", [0.0, 1.5 * TTL], ids=["at-once", "after-a-ttl"])
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_store_killed_and_restarted(store: str, down_for: float, tmp_path: Path) -> None:
+    """PostgreSQL keeps every lease through a restart. Redis without persistence
+    forgets them: restarted at once, a second process acquires while the first
+    still holds, and the checker must see that overlap (the fenced resource still
+    refuses the stale write); restarted after a TTL, the holder had already given
+    the lock up at its deadline."""
+    server: RedisServer | PostgresServer = RedisServer() if store == "redis" else PostgresServer()
+    url = server.url if isinstance(server, RedisServer) else server.url()
+    scenario = Run(url, tmp_path)
+    try:
+        scenario.start(1, iterations=1, hold=3 * TTL)
+        scenario.wait_until_holding("w0")
+        time.sleep(0.2)
+        killed_at = time.monotonic_ns()
+        if down_for:
+            server._kill()
+            time.sleep(down_for)
+            server.start()
+        else:
+            server.restart()
+        restarted_at = time.monotonic_ns()
+        scenario.start(1, iterations=1)
+        history = scenario.finish()
+        found = violations(history)
+        [first] = [g for g in history if g.worker == "w0"]
+        [second] = [g for g in history if g.worker == "w1"]
+        assert restarted_at - killed_at >= down_for * 1e9, "the server really was down"
+        value, accepted, rejected = scenario.stats()
+        if store == "redis" and not down_for:
+            assert found and all("overlap" in v for v in found), found
+            assert second.granted < first.end, "the forgotten lease was granted again"
+            assert second.fence > first.fence, "yet fencing still increases"
+            assert first.released is False
+            assert (value, accepted, rejected) == (1, 1, 1), "the stale write was refused"
+        else:
+            assert found == []
+            if store == "postgres" and not down_for:
+                assert first.released is True, "the lease survived: released as held"
+                assert second.granted > first.end
+            assert value == accepted
+    finally:
+        scenario.close()
+        server.stop()
