@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -70,43 +71,35 @@ def _sqlite_outage(store: Store) -> Iterator[None]:
         conn.close()
 
 
-_redis: RedisServer | None = None
+_sessions: dict[type[Any], Any] = {}
+"""Servers started once for the whole session, at first use; tests use their own prefix."""
+
+S = TypeVar("S", RedisServer, RedisClusterServers, PostgresServer)
+
+
+def _session_server(kind: type[S]) -> S:
+    server: S | None = _sessions.get(kind)
+    if server is None:
+        server = _sessions[kind] = kind()
+    return server
 
 
 def redis_server() -> RedisServer:
-    """One redis-server for the session, started at first use; tests use their own prefix."""
-    global _redis  # noqa: PLW0603 - a lazily started session resource
-    if _redis is None:
-        _redis = RedisServer()
-    return _redis
-
-
-_cluster: RedisClusterServers | None = None
+    return _session_server(RedisServer)
 
 
 def redis_cluster() -> RedisClusterServers:
-    """One three-master Redis Cluster for the session, started at first use."""
-    global _cluster  # noqa: PLW0603 - a lazily started session resource
-    if _cluster is None:
-        _cluster = RedisClusterServers()
-    return _cluster
-
-
-_postgres: PostgresServer | None = None
+    """A three-master Redis Cluster."""
+    return _session_server(RedisClusterServers)
 
 
 def postgres_server() -> PostgresServer:
-    """One PostgreSQL cluster for the session, started at first use; tests use their own prefix."""
-    global _postgres  # noqa: PLW0603 - a lazily started session resource
-    if _postgres is None:
-        _postgres = PostgresServer()
-    return _postgres
+    return _session_server(PostgresServer)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    for server in (_redis, _cluster, _postgres):
-        if server is not None:
-            server.stop()
+    for server in _sessions.values():
+        server.stop()
 
 
 @contextlib.contextmanager

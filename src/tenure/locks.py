@@ -96,6 +96,10 @@ class Lock(LeaseState):
         self.alive()
         return self.loss
 
+    def loss_error(self) -> LockLost:
+        """The LockLost to raise for this lock's loss."""
+        return LockLost(self.name, self.lost_reason or "lost")
+
     async def release(self) -> bool:
         """Give the lock back. True only when it was still valid, locally and in the store.
 
@@ -354,12 +358,12 @@ class LockService:
         if not work.done():
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
-            raise LockLost(lock.name, lock.lost_reason or "lost")
+            raise lock.loss_error()
         lost.cancel()
         await asyncio.gather(lost, return_exceptions=True)
         work.result()
         if lock.lost:
-            raise LockLost(lock.name, lock.lost_reason or "lost")
+            raise lock.loss_error()
 
     async def _run_sync(
         self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -371,10 +375,10 @@ class LockService:
             await _shielded(asyncio.to_thread(call))
         except Exception as exc:
             if lock.lost:
-                raise LockLost(lock.name, lock.lost_reason or "lost") from exc
+                raise lock.loss_error() from exc
             raise
         if lock.lost:
-            raise LockLost(lock.name, lock.lost_reason or "lost")
+            raise lock.loss_error()
 
 
 _live: weakref.WeakSet[LockService] = weakref.WeakSet()

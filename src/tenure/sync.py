@@ -326,14 +326,14 @@ class LockService:
             fn(*args, **kwargs)
         except Exception as exc:
             if lock.lost:
-                raise LockLost(lock.name, lock.lost_reason or "lost") from exc
+                raise lock._lock.loss_error() from exc
             raise
         finally:
             _core._current.reset(reset_core)
             _current.reset(reset)
             lock.__exit__(None, None, None)
         if lock.lost:
-            raise LockLost(lock.name, lock.lost_reason or "lost")
+            raise lock._lock.loss_error()
         return Outcome.RAN
 
     def exclusive(
