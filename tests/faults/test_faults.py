@@ -6,6 +6,7 @@ TTL of one second, and proves that its fault bit.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,9 +14,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tenure.stores import from_url
+
+from ..conftest import StoreKind
 from ..helpers.procs import ROOT
 from ..servers import PostgresServer, RedisServer
 from .fenced import Resource
@@ -59,17 +64,21 @@ class Run:
     def log(self, worker: str) -> Path:
         return self.tmp / f"{worker}.jsonl"
 
-    def wait_until_holding(self, worker: str, timeout: float = 30) -> int:
-        """Block until ``worker`` logs a grant; its fence."""
+    def wait_for(self, worker: str, op: str, timeout: float = 30) -> dict[str, Any]:
+        """Block until ``worker`` logs an ``op`` event (an acquire that was granted); it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.log(worker).exists():
                 [mine] = read_logs([self.log(worker)]).values()
                 for event in mine:
-                    if event["op"] == "acquire" and event["fence"] is not None:
-                        return int(event["fence"])
+                    if event["op"] == op and event.get("fence", 0) is not None:
+                        return event
             time.sleep(0.005)
-        raise TimeoutError(f"{worker} never got the lock")
+        raise TimeoutError(f"{worker} never logged {op!r}")
+
+    def wait_until_holding(self, worker: str) -> int:
+        """Block until ``worker`` was granted the lock; its fence."""
+        return int(self.wait_for(worker, "acquire")["fence"])
 
     def finish(self, timeout: float = 120) -> list[Grant]:
         for proc in self.workers.values():
@@ -226,3 +235,31 @@ def test_store_killed_and_restarted(store: str, down_for: float, tmp_path: Path)
     finally:
         scenario.close()
         server.stop()
+
+
+def test_store_paused_for_one_and_a_half_ttls(run: Run, shared_kind: StoreKind) -> None:
+    """The holder cannot renew while the store is paused: it must stop trusting its
+    lease at its local deadline, before anyone else can be granted the lock."""
+    run.start(1, iterations=1, hold=2.5 * TTL)
+    run.wait_until_holding("w0")
+    run.start(2, iterations=2)
+    for worker in ("w1", "w2"):
+        run.wait_for(worker, "ready")  # opened their store before the outage
+    store = from_url(run.url)
+    try:
+        paused_at = time.monotonic_ns()
+        with shared_kind.outage(store):
+            time.sleep(1.5 * TTL)
+        resumed_at = time.monotonic_ns()
+    finally:
+        asyncio.run(store.aclose())
+    history = run.finish()
+    assert resumed_at - paused_at >= 1.5 * TTL * 1e9
+    assert violations(history) == []
+    [held] = [g for g in history if g.worker == "w0"]
+    assert paused_at < held.end < resumed_at, "the holder gave the lock up during the pause"
+    assert held.released is False
+    assert min(g.granted for g in history if g.worker != "w0") > held.end
+    value, accepted, rejected = run.stats()
+    assert value == accepted == len(history) - 1, "the holder's late write was refused"
+    assert rejected >= 1

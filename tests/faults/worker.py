@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from tenure import Lock, LockService
+from tenure import Lock, LockService, StoreUnavailable
 
 
 class Log:
@@ -50,9 +50,16 @@ async def main(argv: list[str]) -> None:
         return (await reader.readline()).decode().split()
 
     async with LockService.from_url(url) as locks:
+        log(op="ready", t=time.monotonic_ns())
         for _ in range(n):
             t0 = time.monotonic_ns()
-            lock = await locks.acquire(name, ttl=ttl, wait=30)
+            while True:
+                try:
+                    lock = await locks.acquire(name, ttl=ttl, wait=30)
+                    break
+                except StoreUnavailable:  # fail closed: an application retries
+                    log(op="unavailable", t=time.monotonic_ns())
+                    await asyncio.sleep(0.05)
             t1 = time.monotonic_ns()
             if lock is None:
                 log(op="acquire", t0=t0, t1=t1, fence=None, deadline=None)

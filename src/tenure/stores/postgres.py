@@ -432,6 +432,7 @@ class PostgresStore(Store):
             await lane.pool.putconn(lane.conn)
         if self._pool is not None:
             await self._pool.close()
+        await asyncio.gather(*self._background, return_exceptions=True)  # replaced pools
 
     # -- connections -----------------------------------------------------------
 
