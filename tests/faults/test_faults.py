@@ -7,24 +7,30 @@ TTL of one second, and proves that its fault bit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from tenure.stores import from_url
 
-from ..conftest import StoreKind
+from ..conftest import StoreKind, postgres_server, redis_server
 from ..helpers.procs import ROOT
 from ..servers import PostgresServer, RedisServer
 from .fenced import Resource
 from .history import Grant, grants, read_logs, violations
+from .proxy import Proxy
 
 TTL = 1.0
 
@@ -47,13 +53,16 @@ class Run:
         self.port = int(self.resource.stdout.readline())
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, count: int, iterations: int, hold: float = 0.05) -> None:
+    def start(
+        self, count: int, iterations: int, hold: float = 0.05, url: str | None = None
+    ) -> None:
+        """Start ``count`` workers; ``url``: another way to the same store (a proxy)."""
         for _ in range(count):
             name = f"w{len(self.workers)}"
             self.workers[name] = subprocess.Popen(
                 [
                     sys.executable,
-                    *("-m", "tests.faults.worker", self.url, "fault-lock"),
+                    *("-m", "tests.faults.worker", url or self.url, "fault-lock"),
                     str(self.tmp / f"{name}.jsonl"),
                     *(str(self.port), str(iterations), str(TTL), str(hold)),
                 ],
@@ -86,8 +95,6 @@ class Run:
         return grants(read_logs([self.log(w) for w in self.workers if self.log(w).exists()]))
 
     def stats(self) -> tuple[int, int, int]:
-        import socket
-
         with socket.create_connection(("127.0.0.1", self.port)) as sock:
             sock.sendall(b"stats\n")
             value, accepted, rejected = sock.makefile().readline().split()
@@ -263,3 +270,93 @@ def test_store_paused_for_one_and_a_half_ttls(run: Run, shared_kind: StoreKind) 
     value, accepted, rejected = run.stats()
     assert value == accepted == len(history) - 1, "the holder's late write was refused"
     assert rejected >= 1
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_holder_cut_off_past_its_ttl_then_healed(store: str, tmp_path: Path) -> None:
+    """A partition between the holder and the store: its renewals vanish, the store
+    expires its lease and grants it to another; once healed, the holder's stale
+    write is refused and its release is a no-op, and the new holder is untouched."""
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    if store == "redis":
+        url = f"{redis_server().url}?prefix={prefix}"
+    else:
+        url = f"{postgres_server().url()}?prefix={prefix}"
+    port = urlsplit(url).port
+    assert port is not None
+    proxy = Proxy(port)
+    scenario = Run(url, tmp_path)
+    try:
+        scenario.start(
+            1, iterations=1, hold=3.5 * TTL, url=url.replace(f":{port}/", f":{proxy.port}/")
+        )
+        scenario.wait_until_holding("w0")
+        scenario.start(2, iterations=2)
+        for worker in ("w1", "w2"):
+            scenario.wait_for(worker, "ready")
+        cut_at = time.monotonic_ns()
+        proxy.set_mode("blackhole")
+        time.sleep(2 * TTL)
+        proxy.set_mode("pass")
+        healed_at = time.monotonic_ns()
+        history = scenario.finish()
+        assert proxy.dropped > 0, "the partition swallowed the holder's traffic"
+        assert violations(history) == []
+        [cut] = [g for g in history if g.worker == "w0"]
+        others = [g for g in history if g.worker != "w0"]
+        assert any(cut_at < g.granted < healed_at for g in others), "granted during the cut"
+        assert cut.end < min(g.granted for g in others)
+        assert cut.released is False, "the healed holder's release failed its compare-and-set"
+        assert all(g.released for g in others), "the new holders were untouched"
+        value, accepted, rejected = scenario.stats()
+        assert value == accepted == len(others)
+        assert rejected >= 1, "the healed holder's stale write was refused"
+    finally:
+        scenario.close()
+        proxy.close()
+
+
+def test_the_proxy_passes_delays_drops_and_resets() -> None:
+    echo = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        echo.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = echo.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):  # the proxy's reset reaches here too
+                while data := conn.recv(1024):
+                    conn.sendall(data)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    proxy = Proxy(echo.getsockname()[1])
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=2) as client:
+            client.sendall(b"ping")
+            assert client.recv(16) == b"ping"
+            proxy.set_mode("delay", delay=0.3)
+            started = time.monotonic()
+            client.sendall(b"slow")
+            assert client.recv(16) == b"slow"
+            assert time.monotonic() - started >= 0.3
+            proxy.set_mode("blackhole")
+            time.sleep(0.05)
+            client.sendall(b"lost")
+            client.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                client.recv(16)
+            assert proxy.dropped == 4
+            proxy.set_mode("reset")
+            time.sleep(0.05)
+            client.settimeout(2)
+            with pytest.raises(ConnectionResetError):
+                client.recv(16)
+    finally:
+        proxy.close()
+        stop.set()
+        server.join()
+        echo.close()

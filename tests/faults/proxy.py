@@ -1,0 +1,98 @@
+"""A TCP proxy on loopback whose behaviour a test switches while connections are open.
+
+Modes: ``pass`` forwards; ``delay`` forwards each chunk after ``delay`` seconds;
+``blackhole`` reads and drops everything, answering nothing (a partition);
+``reset`` closes every connection with a TCP reset and resets new ones.
+``dropped`` counts the bytes a blackhole swallowed, so a test can show it bit.
+The proxy runs its own event loop on a thread of the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+
+
+class Proxy:
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.mode = "pass"
+        self.delay = 0.0
+        self.dropped = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="fault-proxy", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._accept, "127.0.0.1", 0, family=socket.AF_INET)
+        )
+        self.port: int = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def set_mode(self, mode: str, delay: float = 0.0) -> None:
+        assert mode in ("pass", "delay", "blackhole", "reset"), mode
+
+        def switch() -> None:
+            self.mode, self.delay = mode, delay
+            if mode == "reset":
+                for writer in list(self._writers):
+                    _reset(writer)
+
+        self._loop.call_soon_threadsafe(switch)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "reset":
+            _reset(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            _reset(writer)
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(
+            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+        )
+        self._writers -= {writer, up_writer}
+        for end in (writer, up_writer):
+            end.close()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(65536):
+            if self.mode == "blackhole":
+                self.dropped += len(chunk)
+                continue
+            if self.mode == "reset":
+                break
+            if self.mode == "delay":
+                await asyncio.sleep(self.delay)
+            writer.write(chunk)
+            await writer.drain()
+        writer.close()
+
+    def close(self) -> None:
+        def stop() -> None:
+            self._server.close()
+            for writer in list(self._writers):
+                _reset(writer)
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with an RST (SO_LINGER 0), as a peer that vanished would."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
