@@ -8,7 +8,7 @@ timeline.
 ``acquire``  t0 (called), t1 (returned), fence (None: not granted), deadline
 ``check``    t, held, deadline: what ``lock.held`` said, and when
 ``write``    t0, t1, fence, accepted: a read-modify-write on the fenced resource
-``release``  t0 (sent), ok, deadline: the lock's local deadline when released
+``release``  t0 (sent), t1 (answered), ok, deadline: the lock's local deadline when released
 
 A grant's lease interval is [t1 of its acquire, min(release sent, local
 deadline)]; a worker killed while holding ends at the last deadline it logged.
@@ -30,6 +30,7 @@ class Grant:
     granted: int
     end: int
     released: bool | None = None
+    release_answered: int | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -62,6 +63,7 @@ def grants(logs: dict[str, list[dict[str, Any]]]) -> list[Grant]:
             elif op == "release" and current is not None:
                 current.end = min(event["t0"], event["deadline"])
                 current.released = event["ok"]
+                current.release_answered = event["t1"]
                 current = None
     return found
 

@@ -58,36 +58,54 @@ class Proxy:
             _reset(writer)
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(
-            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
-        )
-        self._writers -= {writer, up_writer}
-        for end in (writer, up_writer):
-            end.close()
+        try:
+            await asyncio.gather(
+                self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+            )
+        finally:
+            self._writers -= {writer, up_writer}
+            for end in (writer, up_writer):
+                end.transport.abort()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        due = 0.0  # when the last delayed chunk goes out: later chunks keep their order
         while chunk := await reader.read(65536):
             if self.mode == "blackhole":
                 self.dropped += len(chunk)
                 continue
             if self.mode == "reset":
                 break
-            if self.mode == "delay":
-                await asyncio.sleep(self.delay)
+            if self.mode == "delay" or due > loop.time():
+                # Each chunk leaves ``delay`` after it arrived (not after the one
+                # before it left): a late packet, not a slower and slower link.
+                due = max(due, loop.time() + (self.delay if self.mode == "delay" else 0.0))
+                loop.call_at(due, _send, writer, chunk)
+                continue
             writer.write(chunk)
             await writer.drain()
-        writer.close()
+        loop.call_at(max(due, loop.time()), writer.close)
 
     def close(self) -> None:
-        def stop() -> None:
+        async def shutdown() -> None:
             self._server.close()
             for writer in list(self._writers):
                 _reset(writer)
-            self._loop.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._server.wait_closed()
 
-        self._loop.call_soon_threadsafe(stop)
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+def _send(writer: asyncio.StreamWriter, chunk: bytes) -> None:
+    if not writer.is_closing():
+        writer.write(chunk)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

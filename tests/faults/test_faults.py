@@ -360,3 +360,46 @@ def test_the_proxy_passes_delays_drops_and_resets() -> None:
         stop.set()
         server.join()
         echo.close()
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_a_delayed_release_replayed_after_a_new_grant(store: str, tmp_path: Path) -> None:
+    """The network holds the holder's renewals and its release back for longer
+    than its TTL: the lease expires, another process is granted the lock, and
+    the late release arrives after that grant. It must fail its compare-and-set
+    and leave the new holder untouched."""
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    if store == "redis":
+        url = f"{redis_server().url}?prefix={prefix}"
+    else:
+        # psycopg prepares a statement on its first use with a round trip of its
+        # own: the release then takes two delayed round trips, over the default 2 s.
+        url = f"{postgres_server().url()}?prefix={prefix}&timeout=5"
+    port = urlsplit(url).port
+    assert port is not None
+    proxy = Proxy(port)
+    scenario = Run(url, tmp_path)
+    try:
+        through_proxy = url.replace(f":{port}/", f":{proxy.port}/")
+        scenario.start(1, iterations=1, hold=0.5 * TTL, url=through_proxy)
+        scenario.wait_until_holding("w0")
+        # 0.9 s each way: a round trip of 1.8 s, longer than the TTL and still
+        # under the stores' statement timeouts, so the late answers come.
+        proxy.set_mode("delay", delay=0.9 * TTL)
+        scenario.start(2, iterations=2)
+        history = scenario.finish()
+        assert violations(history) == []
+        [late] = [g for g in history if g.worker == "w0"]
+        others = [g for g in history if g.worker != "w0"]
+        assert late.release_answered is not None
+        # The fault bit: the release spent over a TTL in the network, and another
+        # process was granted the lock while it was on its way.
+        assert late.release_answered - late.end > 1.4 * TTL * 1e9
+        assert any(late.end < g.granted < late.release_answered for g in others)
+        assert late.released is False, "the replayed release failed its compare-and-set"
+        assert all(g.released for g in others), "the new holders were untouched"
+        value, accepted, _ = scenario.stats()
+        assert value == accepted
+    finally:
+        scenario.close()
+        proxy.close()

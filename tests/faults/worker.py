@@ -85,7 +85,8 @@ async def main(argv: list[str]) -> None:
             watching.cancel()
             deadline = deadline_ns(lock)
             r0 = time.monotonic_ns()
-            log(op="release", t0=r0, ok=await lock.release(), deadline=deadline)
+            ok = await lock.release()
+            log(op="release", t0=r0, t1=time.monotonic_ns(), ok=ok, deadline=deadline)
     writer.close()
 
 
