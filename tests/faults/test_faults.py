@@ -272,24 +272,35 @@ def test_store_paused_for_one_and_a_half_ttls(run: Run, shared_kind: StoreKind) 
     assert rejected >= 1
 
 
-@pytest.mark.parametrize("store", ["redis", "postgres"])
-def test_holder_cut_off_past_its_ttl_then_healed(store: str, tmp_path: Path) -> None:
-    """A partition between the holder and the store: its renewals vanish, the store
-    expires its lease and grants it to another; once healed, the holder's stale
-    write is refused and its release is a no-op, and the new holder is untouched."""
+@contextlib.contextmanager
+def _through_a_proxy(
+    store: str, tmp_path: Path, postgres_options: str = ""
+) -> Iterator[tuple[Run, Proxy, str]]:
+    """A scenario on the session's Redis or PostgreSQL, a proxy in front of it,
+    and the URL that reaches the store through the proxy."""
     prefix = f"t{uuid.uuid4().hex[:12]}"
     if store == "redis":
         url = f"{redis_server().url}?prefix={prefix}"
     else:
-        url = f"{postgres_server().url()}?prefix={prefix}"
+        url = f"{postgres_server().url()}?prefix={prefix}{postgres_options}"
     port = urlsplit(url).port
     assert port is not None
     proxy = Proxy(port)
     scenario = Run(url, tmp_path)
     try:
-        scenario.start(
-            1, iterations=1, hold=3.5 * TTL, url=url.replace(f":{port}/", f":{proxy.port}/")
-        )
+        yield scenario, proxy, url.replace(f":{port}/", f":{proxy.port}/")
+    finally:
+        scenario.close()
+        proxy.close()
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_holder_cut_off_past_its_ttl_then_healed(store: str, tmp_path: Path) -> None:
+    """A partition between the holder and the store: its renewals vanish, the store
+    expires its lease and grants it to another; once healed, the holder's stale
+    write is refused and its release is a no-op, and the new holder is untouched."""
+    with _through_a_proxy(store, tmp_path) as (scenario, proxy, through_proxy):
+        scenario.start(1, iterations=1, hold=3.5 * TTL, url=through_proxy)
         scenario.wait_until_holding("w0")
         scenario.start(2, iterations=2)
         for worker in ("w1", "w2"):
@@ -311,9 +322,6 @@ def test_holder_cut_off_past_its_ttl_then_healed(store: str, tmp_path: Path) -> 
         value, accepted, rejected = scenario.stats()
         assert value == accepted == len(others)
         assert rejected >= 1, "the healed holder's stale write was refused"
-    finally:
-        scenario.close()
-        proxy.close()
 
 
 def test_the_proxy_passes_delays_drops_and_resets() -> None:
@@ -368,19 +376,13 @@ def test_a_delayed_release_replayed_after_a_new_grant(store: str, tmp_path: Path
     than its TTL: the lease expires, another process is granted the lock, and
     the late release arrives after that grant. It must fail its compare-and-set
     and leave the new holder untouched."""
-    prefix = f"t{uuid.uuid4().hex[:12]}"
-    if store == "redis":
-        url = f"{redis_server().url}?prefix={prefix}"
-    else:
-        # psycopg prepares a statement on its first use with a round trip of its
-        # own: the release then takes two delayed round trips, over the default 2 s.
-        url = f"{postgres_server().url()}?prefix={prefix}&timeout=5"
-    port = urlsplit(url).port
-    assert port is not None
-    proxy = Proxy(port)
-    scenario = Run(url, tmp_path)
-    try:
-        through_proxy = url.replace(f":{port}/", f":{proxy.port}/")
+    # psycopg prepares a statement on its first use with a round trip of its
+    # own: the release then takes two delayed round trips, over the default 2 s.
+    with _through_a_proxy(store, tmp_path, postgres_options="&timeout=5") as (
+        scenario,
+        proxy,
+        through_proxy,
+    ):
         scenario.start(1, iterations=1, hold=0.5 * TTL, url=through_proxy)
         scenario.wait_until_holding("w0")
         # 0.9 s each way: a round trip of 1.8 s, longer than the TTL and still
@@ -400,6 +402,3 @@ def test_a_delayed_release_replayed_after_a_new_grant(store: str, tmp_path: Path
         assert all(g.released for g in others), "the new holders were untouched"
         value, accepted, _ = scenario.stats()
         assert value == accepted
-    finally:
-        scenario.close()
-        proxy.close()
