@@ -288,10 +288,8 @@ class LockService:
         ``wait`` seconds are given, woken by the release itself.
         """
         coro = self._core.acquire(name, ttl=ttl, wait=wait)
-        if wait == 0 and self._core.store.completes_at_once:
-            lock = _at_once(coro)
-        else:
-            lock = self._portal.call(coro)
+        # Waiting needs the store's waiters, which live on the loop thread.
+        lock = self._run(coro) if wait == 0 else self._portal.call(coro)
         return None if lock is None else Lock(self, lock)
 
     def run_exclusively(
