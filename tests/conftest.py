@@ -97,6 +97,16 @@ def postgres_server() -> PostgresServer:
     return _session_server(PostgresServer)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        type=int,
+        default=1,
+        metavar="N",
+        help="fault suite: run each scenario N times and the contention runs N times longer",
+    )
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     for server in _sessions.values():
         server.stop()

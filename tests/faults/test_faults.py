@@ -25,7 +25,7 @@ import pytest
 
 from tenure.stores import from_url
 
-from ..conftest import StoreKind, postgres_server, redis_server
+from ..conftest import STORES, StoreKind, postgres_server, redis_server
 from ..helpers.procs import ROOT
 from ..servers import PostgresServer, RedisServer
 from .fenced import Resource
@@ -54,9 +54,19 @@ class Run:
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(
-        self, count: int, iterations: int, hold: float = 0.05, url: str | None = None
+        self,
+        count: int,
+        iterations: int,
+        *,
+        hold: float = 0.05,
+        url: str | None = None,
+        tasks: int = 1,
+        wall_step: float = 0.0,
     ) -> None:
-        """Start ``count`` workers; ``url``: another way to the same store (a proxy)."""
+        """Start ``count`` workers; ``url``: another way to the same store (a proxy);
+        ``tasks``: workers inside each process; ``wall_step``: seconds by which each
+        steps its wall clock after its first grant (see worker.py)."""
+        env = dict(self.env, TENURE_FAULT_WALL_STEP=str(wall_step))
         for _ in range(count):
             name = f"w{len(self.workers)}"
             self.workers[name] = subprocess.Popen(
@@ -64,14 +74,18 @@ class Run:
                     sys.executable,
                     *("-m", "tests.faults.worker", url or self.url, "fault-lock"),
                     str(self.tmp / f"{name}.jsonl"),
-                    *(str(self.port), str(iterations), str(TTL), str(hold)),
+                    *(str(self.port), str(iterations), str(TTL), str(hold), str(tasks)),
                 ],
-                env=self.env,
+                env=env,
                 cwd=ROOT,
             )
 
     def log(self, worker: str) -> Path:
         return self.tmp / f"{worker}.jsonl"
+
+    def logs(self) -> list[Path]:
+        """Every worker's log, the in-process workers' (``w0-1.jsonl`` ...) too."""
+        return sorted(self.tmp.glob("w*.jsonl"))
 
     def wait_for(self, worker: str, op: str, timeout: float = 30) -> dict[str, Any]:
         """Block until ``worker`` logs an ``op`` event (an acquire that was granted); it."""
@@ -92,7 +106,7 @@ class Run:
     def finish(self, timeout: float = 120) -> list[Grant]:
         for proc in self.workers.values():
             proc.wait(timeout)
-        return grants(read_logs([self.log(w) for w in self.workers if self.log(w).exists()]))
+        return grants(read_logs(self.logs()))
 
     def stats(self) -> tuple[int, int, int]:
         with socket.create_connection(("127.0.0.1", self.port)) as sock:
@@ -119,16 +133,54 @@ def run(shared_url: str, tmp_path: Path) -> Iterator[Run]:
     scenario.close()
 
 
-def test_no_fault_six_processes(run: Run) -> None:
-    run.start(6, iterations=6)
-    history = run.finish()
+def test_no_fault_six_processes(run: Run, soak: int) -> None:
+    run.start(6, iterations=6 * soak)
+    history = run.finish(timeout=120 * soak)
     assert violations(history) == []
-    assert len(history) == 36
+    assert len(history) == 36 * soak
     assert all(g.released for g in history)
     value, accepted, rejected = run.stats()
-    assert (value, accepted, rejected) == (36, 36, 0), "no lost update, nothing stale"
+    assert (value, accepted, rejected) == (36 * soak,) * 2 + (0,), "no lost update, nothing stale"
     # It really was contended: some acquire waited for another's release.
     assert max(g.granted - g.requested for g in history) > 20_000_000
+
+
+def test_no_fault_six_tasks_on_the_memory_store(tmp_path: Path, soak: int) -> None:
+    """The memory store lives in one process, so its contenders are tasks of that
+    process; the faults of the other scenarios (a paused, killed or cut-off holder
+    or store) take the memory store down with them and do not apply."""
+    scenario = Run(STORES["memory"].make_url(tmp_path), tmp_path)
+    try:
+        scenario.start(1, iterations=6 * soak, tasks=6)
+        history = scenario.finish(timeout=120 * soak)
+        assert len(scenario.logs()) == 6
+        assert violations(history) == []
+        assert len(history) == 36 * soak and all(g.released for g in history)
+        assert scenario.stats() == (36 * soak,) * 2 + (0,), "no lost update, nothing stale"
+        assert max(g.granted - g.requested for g in history) > 20_000_000, "contended"
+    finally:
+        scenario.close()
+
+
+@pytest.mark.parametrize("step", [3600.0, -3600.0], ids=["ahead", "behind"])
+def test_holder_wall_clock_stepped_by_an_hour(run: Run, step: float) -> None:
+    """Lease time is the store's clock or this host's monotonic clock, never the
+    wall clock: a holder whose wall clock jumps an hour keeps renewing its lease
+    and holds it to its release, and nobody else is granted it meanwhile."""
+    run.start(1, iterations=1, hold=3 * TTL, wall_step=step)
+    run.wait_until_holding("w0")
+    run.start(2, iterations=2)
+    history = run.finish()
+    [mine] = read_logs([run.log("w0")]).values()
+    [stepped] = [e for e in mine if e["op"] == "wallstep"]
+    assert abs(stepped["after"] - stepped["before"] - step) < 1, "the wall clock jumped"
+    assert violations(history) == []
+    [held] = [g for g in history if g.worker == "w0"]
+    assert held.released is True, "still the holder at its release"
+    assert held.end - stepped["t"] > 2.5 * TTL * 1e9, "renewed well past the step"
+    assert all(c["held"] for c in held.checks)
+    assert min(g.granted for g in history if g.worker != "w0") > held.end
+    assert run.stats() == (5, 5, 0)
 
 
 def test_holder_paused_past_twice_the_ttl(run: Run) -> None:
