@@ -25,7 +25,7 @@ from tenure.stores import Store
 from tenure.stores.memory import MemoryStore
 from tenure.stores.sqlite import SQLiteStore
 
-from .servers import PostgresServer, RedisClusterServers, RedisServer
+from .servers import EtcdCluster, PostgresServer, RedisClusterServers, RedisServer
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def _sqlite_outage(store: Store) -> Iterator[None]:
 _sessions: dict[type[Any], Any] = {}
 """Servers started once for the whole session, at first use; tests use their own prefix."""
 
-S = TypeVar("S", RedisServer, RedisClusterServers, PostgresServer)
+S = TypeVar("S", RedisServer, RedisClusterServers, PostgresServer, EtcdCluster)
 
 
 def _session_server(kind: type[S]) -> S:
@@ -97,6 +97,11 @@ def postgres_server() -> PostgresServer:
     return _session_server(PostgresServer)
 
 
+def etcd_cluster() -> EtcdCluster:
+    """A three-member etcd cluster."""
+    return _session_server(EtcdCluster)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak",
@@ -113,7 +118,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @contextlib.contextmanager
-def _paused(servers: RedisServer | RedisClusterServers | PostgresServer) -> Iterator[None]:
+def _paused(
+    servers: RedisServer | RedisClusterServers | PostgresServer | EtcdCluster,
+) -> Iterator[None]:
     """SIGSTOP the server(s): connections stay open and nothing answers."""
     servers.pause()
     try:
@@ -132,6 +139,10 @@ def _cluster_outage(store: Store) -> AbstractContextManager[None]:
 
 def _postgres_outage(store: Store) -> AbstractContextManager[None]:
     return _paused(postgres_server())
+
+
+def _etcd_outage(store: Store) -> AbstractContextManager[None]:
+    return _paused(etcd_cluster())
 
 
 STORES: dict[str, StoreKind] = {
@@ -157,6 +168,12 @@ STORES: dict[str, StoreKind] = {
         "postgres",
         lambda tmp: f"{postgres_server().url()}?prefix=t{uuid.uuid4().hex[:12]}",
         _postgres_outage,
+        True,
+    ),
+    "etcd": StoreKind(
+        "etcd",
+        lambda tmp: f"{etcd_cluster().url}?prefix=t{uuid.uuid4().hex[:12]}",
+        _etcd_outage,
         True,
     ),
 }

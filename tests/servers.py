@@ -429,3 +429,142 @@ class PgBouncer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class EtcdCluster:
+    """A three-member etcd cluster (Debian's ``etcd``), each member on its own pair
+    of loopback ports and temporary data directory.
+
+    Short heartbeat and election timeouts so that a lost leader is replaced in well
+    under a second and the minimum lease TTL (1.5x the election timeout) is below
+    one second; clients may send keepalive pings every 500 ms.
+    """
+
+    NAMES = ("m0", "m1", "m2")
+
+    def __init__(self, *extra: str) -> None:
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise RuntimeError("etcd is not installed: apt-get install -y etcd-server")
+        self.binary = binary
+        self.extra = extra
+        self.dir = Path(tempfile.mkdtemp(prefix="tenure-etcd-"))
+        self.client_ports = {name: free_port() for name in self.NAMES}
+        self.peer_ports = {name: free_port() for name in self.NAMES}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started_once = False
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def endpoints(self) -> str:
+        return ",".join(f"127.0.0.1:{self.client_ports[n]}" for n in self.NAMES)
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.endpoints}"
+
+    def start_member(self, name: str) -> None:
+        cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer_ports[n]}" for n in self.NAMES)
+        client = f"http://127.0.0.1:{self.client_ports[name]}"
+        peer = f"http://127.0.0.1:{self.peer_ports[name]}"
+        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - the member keeps it
+        self.procs[name] = subprocess.Popen(
+            [
+                self.binary,
+                *("--name", name, "--data-dir", str(self.dir / name)),
+                *("--listen-client-urls", client, "--advertise-client-urls", client),
+                *("--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer),
+                *("--initial-cluster", cluster, "--initial-cluster-token", self.dir.name),
+                *("--initial-cluster-state", "existing" if self.started_once else "new"),
+                *("--heartbeat-interval", "25", "--election-timeout", "250"),
+                *("--grpc-keepalive-min-time", "500ms", "--unsafe-no-fsync"),
+                *("--logger", "zap", "--log-level", "warn"),
+                *self.extra,
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+
+    def start(self) -> None:
+        """Start every member that is not running and wait until the cluster has a leader."""
+        for name in self.NAMES:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                self.start_member(name)
+        self.started_once = True
+        self.wait_healthy()
+
+    def etcdctl(self, *args: str, endpoints: str | None = None) -> str:
+        out = subprocess.run(
+            ["etcdctl", "--endpoints", endpoints or self.endpoints, "--command-timeout=2s", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+            env=dict(os.environ, ETCDCTL_API="3"),
+        )
+        return out.stdout
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.etcdctl("put", "tenure-test-health", "ok")
+                return
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the etcd cluster in {self.dir} has no leader") from exc
+                time.sleep(0.05)
+
+    def leader(self) -> str:
+        """The member that is leader now."""
+        for name in self.NAMES:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            endpoint = f"127.0.0.1:{self.client_ports[name]}"
+            with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+                status = self.etcdctl("endpoint", "status", "-w", "json", endpoints=endpoint)
+                if '"leader":' in status:
+                    import json
+
+                    [entry] = json.loads(status)
+                    if entry["Status"]["leader"] == entry["Status"]["header"]["member_id"]:
+                        return name
+        raise RuntimeError("no etcd member says it is the leader")
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        os.kill(self.procs[name].pid, sig)
+
+    def kill_member(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+
+    def pause(self) -> None:
+        for name in self.NAMES:
+            self.signal(name, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for name in self.NAMES:
+            self.signal(name, signal.SIGCONT)
+
+    def _kill(self) -> None:
+        for name in list(self.procs):
+            self.kill_member(name)
+
+    def restart(self) -> None:
+        """Kill every member and start them again on their data: nothing is lost."""
+        self._kill()
+        self.start()
+
+    def stop(self) -> None:
+        self._kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -25,6 +25,7 @@ _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "unix": ("tenure.stores.redis", "RedisStore", "redis"),
     "postgresql": ("tenure.stores.postgres", "PostgresStore", "postgres"),
     "postgres": ("tenure.stores.postgres", "PostgresStore", "postgres"),
+    "etcd": ("tenure.stores.etcd", "EtcdStore", "etcd"),
 }
 
 

@@ -1,0 +1,748 @@
+"""etcd: leases in a consensus store, the one store whose grants survive the loss of a server.
+
+URL: ``etcd://[user:password@]host:port[,host:port...][?options]``. Options:
+``prefix`` (key prefix, default ``tenure``), ``timeout`` (seconds per call,
+default 2), ``tls`` (true/false), ``ca``, ``cert``, ``key`` (PEM files; ``ca``
+alone verifies the server, ``cert`` + ``key`` add a client certificate).
+
+The driver is gRPC, through the protocol classes that ``aetcd`` generates from
+etcd's own ``.proto`` files (``tenure[etcd]``); the channel, authentication,
+failover and keep-alives are this module's, since aetcd's client offers no TLS.
+
+Keys (``P`` is the prefix, ``N`` the lock name)::
+
+    P/lock/N     the holder's display id (JSON); its create revision is the fencing token
+    P/token/N    sha256 of the grant's secret token: what release and renewal compare
+    P/claim/T    the last claimed occurrence of task T (fixed-width µs, so bytes order = time order)
+    P/run/T\\0S/R one run record of task T, started at S (fixed-width µs), run id R
+
+* **Acquire** is one transaction guarded on ``P/lock/N`` not existing; both keys
+  are attached to an etcd lease. Its revision is the fencing token: strictly
+  increasing, cluster-wide, and durable (it survives restarts of every member).
+  etcd's own v3lock ``Lock`` RPC is not used: it is a wait queue that returned
+  without re-checking the lease (Jepsen's etcd 3.4.3 analysis).
+* **Shared leases.** All locks of one store with the same TTL share one etcd
+  lease, so one keep-alive renews them all. A lock's lease is renewed on every
+  acquire too (sent beside the transaction, so no extra wait): the lease then
+  outlives the acquire's send time plus the TTL, which is what the holder's
+  local deadline assumes. A lease that etcd reports expired marks every lock on
+  it lost.
+* **Renewal** is, per lease, a keep-alive and a ``LeaseTimeToLive`` that lists
+  the keys still attached to it, sent together: a lock whose token key left its
+  lease (released elsewhere, or forced free by an operator) is reported lost.
+  A key on the lease that no lock of this process owns (an acquire whose answer
+  was lost) is deleted, so a shared lease never keeps a stranger alive.
+* **Release** is a transaction comparing ``P/token/N`` with the token's digest.
+* **Waiters** watch ``P/lock/N`` for its deletion from the revision at which
+  they saw it held, so a release between that look and the watch is not missed;
+  a lease expiry deletes the key too.
+* **TTL granularity.** etcd counts lease TTLs in whole seconds and raises any
+  TTL below its minimum (1.5x the election timeout: 2 s with etcd's defaults):
+  a crashed holder's lock frees within that, while its holder still gives it up
+  at its own, shorter local deadline.
+* **Failover.** A call that times out or finds its member unavailable fails
+  closed (StoreUnavailable) and makes the next call open a channel to the next
+  member of the URL first; etcd forwards writes to the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import ipaddress
+import json
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote
+
+import grpc
+from aetcd import rpc
+from aetcd.exceptions import RevisionCompactedError
+from aetcd.rtypes import EventKind
+from aetcd.watcher import Watcher
+
+from ..errors import ConfigurationError, StoreUnavailable
+from . import _mask
+from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+
+__all__ = ("EtcdStore",)
+
+_MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+_FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The range end that covers every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"
+
+
+def _micros(seconds: float) -> bytes:
+    return b"%020d" % round(seconds * 1e6)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).hexdigest().encode()
+
+
+@dataclass
+class _Lease:
+    id: int
+    ttl: int
+    """Granted TTL in whole seconds (at least the TTL asked for)."""
+    valid_until: float
+    """Monotonic time before which etcd surely still has it (from the send
+    time of the last confirmed grant or keep-alive)."""
+
+
+@dataclass
+class _Shared:
+    """What a store and its siblings (other threads' loops) share."""
+
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    pid: int = field(default_factory=os.getpid)
+    leases: dict[float, _Lease] = field(default_factory=dict)
+    owned: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """token -> (name, lease id): registered before the acquire is sent."""
+
+
+class _Conn:
+    """One gRPC channel and its stubs, for one event loop."""
+
+    def __init__(self, channel: Any, metadata: Any) -> None:
+        self.channel = channel
+        self.metadata = metadata
+        self.kv = rpc.KVStub(channel)
+        self.lease = rpc.LeaseStub(channel)
+        self.watcher = Watcher(rpc.WatchStub(channel), metadata=metadata)
+        self.broken = False
+
+
+class EtcdStore(Store):
+    """Leases in an etcd cluster. See the module docstring."""
+
+    scheme: ClassVar[str] = "etcd"
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        *,
+        prefix: str = "tenure",
+        timeout: float = 2.0,
+        username: str | None = None,
+        password: str | None = None,
+        tls: bool = False,
+        ca: bytes | None = None,
+        cert: bytes | None = None,
+        key: bytes | None = None,
+        _shared: _Shared | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ConfigurationError("an etcd URL needs at least one host:port")
+        if not prefix or "\0" in prefix:
+            raise ConfigurationError(f"etcd key prefix must be a non-empty string, got {prefix!r}")
+        if not (0 < timeout <= 600):
+            raise ConfigurationError(f"timeout must be between 0 and 600 seconds, got {timeout!r}")
+        if (username is None) != (password is None):
+            raise ConfigurationError(
+                "an etcd URL needs both a user name and a password, or neither"
+            )
+        if (cert is None) != (key is None):
+            raise ConfigurationError("etcd client certificates need both cert= and key=")
+        self.endpoints = list(endpoints)
+        self.prefix = prefix
+        self.timeout = timeout
+        self.username = username
+        self._password = password
+        self.tls = tls or ca is not None or cert is not None
+        self._ca, self._cert, self._key = ca, cert, key
+        self._shared = _Shared() if _shared is None else _shared
+        self._conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._first = 0  # the member to try first: moves on when one fails
+        self._seen: dict[str, int] = {}  # name -> revision at which an acquire saw it held
+        p = prefix.encode()
+        self._lock_prefix = p + b"/lock/"
+        self._token_prefix = p + b"/token/"
+        self._claim_prefix = p + b"/claim/"
+        self._run_prefix = p + b"/run/"
+
+    # -- URL, identity, connections --------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str) -> EtcdStore:
+        rest = url.split("://", 1)[1] if "://" in url else ""
+        netloc, _, query = rest.partition("?")
+        netloc = netloc.rstrip("/")
+        username = password = None
+        if "@" in netloc:
+            credentials, netloc = netloc.rsplit("@", 1)
+            user, sep, secret = credentials.partition(":")
+            username = unquote(user)
+            password = unquote(secret) if sep else None
+        endpoints = []
+        for part in netloc.split(","):
+            host, sep, port = part.rpartition(":")
+            if not sep or not port.isdigit() or not host or not (0 < int(port) < 65536):
+                raise ConfigurationError(
+                    f"etcd endpoint {part!r} in {_mask(url)!r} is not host:port"
+                )
+            endpoints.append((host.strip("[]"), int(port)))
+        options: dict[str, Any] = {}
+        files: dict[str, bytes] = {}
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            if name == "prefix":
+                options["prefix"] = value
+            elif name == "timeout":
+                try:
+                    options["timeout"] = float(value)
+                except ValueError:
+                    raise ConfigurationError(
+                        f"timeout must be a number of seconds, got {value!r}"
+                    ) from None
+            elif name == "tls":
+                if value.lower() not in ("true", "yes", "1", "false", "no", "0"):
+                    raise ConfigurationError(f"tls must be true or false, got {value!r}")
+                options["tls"] = value.lower() in ("true", "yes", "1")
+            elif name in ("ca", "cert", "key"):
+                try:
+                    files[name] = Path(value).read_bytes()
+                except OSError as exc:
+                    raise ConfigurationError(
+                        f"cannot read the etcd {name} file {value!r}: {exc.strerror}"
+                    ) from None
+            else:
+                raise ConfigurationError(
+                    f"unknown etcd URL option {name!r}; known: prefix, timeout, tls, ca, cert, key"
+                )
+        return cls(
+            endpoints,
+            username=username,
+            password=password,
+            ca=files.get("ca"),
+            cert=files.get("cert"),
+            key=files.get("key"),
+            **options,
+        )
+
+    def describe(self) -> str:
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints)
+        user = f"{self.username}:***@" if self.username is not None else ""
+        return f"etcd://{user}{hosts}"
+
+    def sibling(self) -> EtcdStore:
+        # gRPC's asyncio channels belong to one loop; the leases and the
+        # registry of owned tokens are shared.
+        return EtcdStore(
+            self.endpoints,
+            prefix=self.prefix,
+            timeout=self.timeout,
+            username=self.username,
+            password=self._password,
+            tls=self.tls,
+            ca=self._ca,
+            cert=self._cert,
+            key=self._key,
+            _shared=self._shared,
+        )
+
+    def _target(self) -> tuple[str, list[tuple[str, Any]]]:
+        order = self.endpoints[self._first :] + self.endpoints[: self._first]
+        options: list[tuple[str, Any]] = [
+            ("grpc.lb_policy_name", "pick_first"),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.enable_retries", 0),
+        ]
+        addresses = []
+        for host, _ in order:
+            try:
+                addresses.append(ipaddress.ip_address(host))
+            except ValueError:
+                break
+        versions = {address.version for address in addresses}
+        if len(addresses) == len(order) and len(versions) == 1:
+            # gRPC's own list of addresses: pick_first tries them in this order.
+            listed = ",".join(
+                f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+                for address, (_, port) in zip(addresses, order, strict=True)
+            )
+            return f"ipv{versions.pop()}:{listed}", options
+        # Host names: gRPC resolves one name per channel; the first one is used
+        # and the others are tried in turn when it fails.
+        host, port = order[0]
+        if self.tls:
+            options.append(("grpc.ssl_target_name_override", host))
+        return f"dns:///{host}:{port}", options
+
+    async def _conn(self) -> _Conn:
+        if os.getpid() != self._shared.pid:
+            # gRPC's core does not survive os.fork() once it has run: a channel
+            # made in the child crashes the process instead of failing.
+            raise ConfigurationError(
+                "an etcd LockService cannot be used in a process forked from the one "
+                "that opened it (gRPC does not survive fork); open the LockService "
+                "after the fork instead, e.g. in gunicorn's post_fork or Celery's "
+                "worker_process_init"
+            )
+        loop = asyncio.get_running_loop()
+        conn = self._conns.get(loop)
+        if conn is not None and not conn.broken:
+            return conn
+        if conn is not None:
+            self._conns.pop(loop, None)
+            with contextlib.suppress(Exception):
+                await conn.watcher.shutdown()
+                await conn.channel.close()
+        target, options = self._target()
+        if self.tls:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self._ca, private_key=self._key, certificate_chain=self._cert
+            )
+            channel = grpc.aio.secure_channel(target, credentials, options=options)
+        else:
+            channel = grpc.aio.insecure_channel(target, options=options)
+        metadata = None
+        if self.username is not None:
+            try:
+                answer = await rpc.AuthStub(channel).Authenticate(
+                    rpc.AuthenticateRequest(name=self.username, password=self._password),
+                    timeout=self.timeout,
+                )
+            except grpc.aio.AioRpcError as exc:
+                await channel.close()
+                self._fail_over(exc)
+                raise self._error(exc) from exc
+            metadata = (("token", answer.token),)
+        conn = _Conn(channel, metadata)
+        self._conns[loop] = conn
+        return conn
+
+    def _fail_over(self, exc: grpc.aio.AioRpcError) -> None:
+        if exc.code() in _FAILOVER_CODES and len(self.endpoints) > 1:
+            self._first = (self._first + 1) % len(self.endpoints)
+
+    def _error(self, exc: grpc.aio.AioRpcError) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"etcd at {self.describe()} failed: {exc.code().name}: {exc.details()}"
+        )
+
+    async def _call(self, method: str, stub: str, request: Any) -> Any:
+        """One unary call; driver errors become StoreUnavailable. An expired
+        auth token is renewed once."""
+        for attempt in (1, 2):
+            conn = await self._conn()
+            try:
+                return await getattr(getattr(conn, stub), method)(
+                    request, timeout=self.timeout, metadata=conn.metadata
+                )
+            except grpc.aio.AioRpcError as exc:
+                if (
+                    attempt == 1
+                    and exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                    and "token" in (exc.details() or "")
+                ):
+                    conn.broken = True
+                    continue
+                if exc.code() in _FAILOVER_CODES:
+                    conn.broken = True
+                    self._fail_over(exc)
+                raise self._error(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def warm_up(self) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self._conn()
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        conns, self._conns = dict(self._conns), weakref.WeakKeyDictionary()
+        for owner, conn in conns.items():
+            if owner is loop:  # a channel can only be closed on its own loop
+                with contextlib.suppress(Exception):
+                    await conn.watcher.shutdown()
+                await conn.channel.close()
+
+    # -- leases ----------------------------------------------------------------
+
+    async def _lease_for(self, ttl: float) -> _Lease:
+        with self._shared.guard:
+            lease = self._shared.leases.get(ttl)
+        # A lease past its known lifetime may be gone; a fresh one costs a
+        # round trip only then.
+        if lease is not None and lease.valid_until > time.monotonic():
+            return lease
+        sent = time.monotonic()
+        answer = await self._call(
+            "LeaseGrant", "lease", rpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl)))
+        )
+        if answer.error:
+            raise StoreUnavailable(f"etcd at {self.describe()} refused a lease: {answer.error}")
+        lease = _Lease(int(answer.ID), int(answer.TTL), sent + int(answer.TTL))
+        with self._shared.guard:
+            self._shared.leases[ttl] = lease
+        return lease
+
+    async def _keep_alive(self, lease_id: int) -> int:
+        """One keep-alive; the TTL etcd now gives the lease (<= 0: it is gone)."""
+        conn = await self._conn()
+        call = conn.lease.LeaseKeepAlive(
+            iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+            timeout=self.timeout,
+            metadata=conn.metadata,
+        )
+        try:
+            async for answer in call:
+                return int(answer.TTL)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _FAILOVER_CODES:
+                conn.broken = True
+                self._fail_over(exc)
+            raise self._error(exc) from exc
+        finally:
+            call.cancel()
+        raise StoreUnavailable(f"etcd at {self.describe()} ended a keep-alive without answer")
+
+    def _forget_lease(self, lease: _Lease) -> None:
+        with self._shared.guard:
+            for ttl, known in list(self._shared.leases.items()):
+                if known.id == lease.id:
+                    del self._shared.leases[ttl]
+
+    # -- locks -----------------------------------------------------------------
+
+    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        lock_key = self._lock_prefix + name.encode()
+        token_key = self._token_prefix + name.encode()
+        for _attempt in (1, 2):
+            lease = await self._lease_for(ttl)
+            with self._shared.guard:
+                self._shared.owned[token] = (name, lease.id)
+            txn = rpc.TxnRequest(
+                compare=[
+                    rpc.Compare(
+                        key=lock_key,
+                        target=rpc.Compare.CREATE,
+                        result=rpc.Compare.EQUAL,
+                        create_revision=0,
+                    )
+                ],
+                success=[
+                    rpc.RequestOp(
+                        request_put=rpc.PutRequest(
+                            key=lock_key,
+                            value=json.dumps({"holder": holder, "at": time.time()}).encode(),
+                            lease=lease.id,
+                        )
+                    ),
+                    rpc.RequestOp(
+                        request_put=rpc.PutRequest(
+                            key=token_key, value=_digest(token), lease=lease.id
+                        )
+                    ),
+                ],
+            )
+            sent = time.monotonic()
+            # The keep-alive travels beside the transaction: granted, the lease
+            # then outlives sent + TTL, as the holder's local deadline assumes.
+            answers = await asyncio.gather(
+                self._call("Txn", "kv", txn), self._keep_alive(lease.id), return_exceptions=True
+            )
+            answer, alive = answers
+            if isinstance(answer, BaseException):
+                with self._shared.guard:
+                    self._shared.owned.pop(token, None)
+                if isinstance(answer, StoreUnavailable) and "lease not found" in str(answer):
+                    self._forget_lease(lease)
+                    continue
+                raise answer
+            if not answer.succeeded:
+                with self._shared.guard:
+                    self._shared.owned.pop(token, None)
+                self._seen[name] = int(answer.header.revision)
+                return None
+            if isinstance(alive, BaseException) or alive <= 0:
+                if not isinstance(alive, BaseException):
+                    self._forget_lease(lease)  # expired under us: the keys went with it
+                    with self._shared.guard:
+                        self._shared.owned.pop(token, None)
+                    continue
+                # Granted, but the lease may run out before sent + TTL: give the
+                # grant back rather than hand out a lock that could lapse early.
+                with contextlib.suppress(StoreUnavailable):
+                    await self.release(name, token)
+                raise alive
+            lease.valid_until = max(lease.valid_until, sent + alive)
+            with self._shared.guard:
+                # Any older token of ours for this name is lost: its key was gone.
+                for other, (other_name, _) in list(self._shared.owned.items()):
+                    if other_name == name and other != token:
+                        del self._shared.owned[other]
+            return Grant(int(answer.header.revision))
+        raise StoreUnavailable(f"etcd at {self.describe()} expired two leases in a row")
+
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        with self._shared.guard:
+            where = [self._shared.owned.get(item.token) for item in batch]
+            leases = {lease.id: lease for lease in self._shared.leases.values()}
+        lease_ids = sorted({entry[1] for entry in where if entry is not None})
+        sent = time.monotonic()
+        calls = []
+        for lease_id in lease_ids:
+            calls.append(self._keep_alive(lease_id))
+            calls.append(
+                self._call(
+                    "LeaseTimeToLive", "lease", rpc.LeaseTimeToLiveRequest(ID=lease_id, keys=True)
+                )
+            )
+        answers: list[Any] = await asyncio.gather(*calls)
+        alive: dict[int, set[bytes]] = {}
+        for i, lease_id in enumerate(lease_ids):
+            ttl, info = answers[2 * i], answers[2 * i + 1]
+            if ttl > 0 and info.TTL >= 0:  # TTL counts whole seconds left: 0 is alive
+                alive[lease_id] = set(info.keys)
+                if lease_id in leases:
+                    leases[lease_id].valid_until = max(leases[lease_id].valid_until, sent + ttl)
+            else:
+                self._forget_lease(_Lease(lease_id, 0, 0))
+        results = []
+        for item, entry in zip(batch, where, strict=True):
+            keys = alive.get(entry[1]) if entry is not None else None
+            results.append(keys is not None and self._token_prefix + item.name.encode() in keys)
+        await self._sweep(alive)
+        return results
+
+    async def _sweep(self, alive: dict[int, set[bytes]]) -> None:
+        """Delete keys on our leases that no lock of ours owns (an acquire whose
+        answer was lost): a shared lease must not keep them alive."""
+        with self._shared.guard:
+            mine = {(name, lease_id) for name, lease_id in self._shared.owned.values()}
+        ops = []
+        for lease_id, keys in alive.items():
+            for key in keys:
+                for prefix in (self._token_prefix, self._lock_prefix):
+                    if key.startswith(prefix):
+                        name = key[len(prefix) :].decode()
+                        if (name, lease_id) not in mine:
+                            ops.append((key, lease_id))
+        for key, lease_id in ops:  # rare: one guarded delete each
+            await self._call(
+                "Txn",
+                "kv",
+                rpc.TxnRequest(
+                    compare=[
+                        rpc.Compare(
+                            key=key,
+                            target=rpc.Compare.LEASE,
+                            result=rpc.Compare.EQUAL,
+                            lease=lease_id,
+                        )
+                    ],
+                    success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))],
+                ),
+            )
+
+    async def release(self, name: str, token: str) -> bool:
+        with self._shared.guard:
+            self._shared.owned.pop(token, None)
+        lock_key = self._lock_prefix + name.encode()
+        token_key = self._token_prefix + name.encode()
+        answer = await self._call(
+            "Txn",
+            "kv",
+            rpc.TxnRequest(
+                compare=[
+                    rpc.Compare(
+                        key=token_key,
+                        target=rpc.Compare.VALUE,
+                        result=rpc.Compare.EQUAL,
+                        value=_digest(token),
+                    )
+                ],
+                success=[
+                    rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=lock_key)),
+                    rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=token_key)),
+                ],
+            ),
+        )
+        return bool(answer.succeeded)
+
+    async def wait_released(self, name: str, timeout: float) -> None:
+        key = self._lock_prefix + name.encode()
+        seen = self._seen.pop(name, None)
+        woken = asyncio.Event()
+
+        async def on_event(_event: Any) -> None:  # a deletion, or the stream's error
+            woken.set()
+
+        conn = await self._conn()
+        try:
+            watch = await asyncio.wait_for(
+                conn.watcher.add_callback(
+                    key,
+                    on_event,
+                    start_revision=None if seen is None else seen + 1,
+                    kind=EventKind.DELETE,
+                ),
+                self.timeout,
+            )
+        except RevisionCompactedError:  # our revision is gone: look again at once
+            return
+        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            conn.broken = True
+            raise StoreUnavailable(
+                f"etcd at {self.describe()} did not set up a watch: {exc!r}"
+            ) from exc
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), timeout)
+        finally:
+            if watch.watch_id is not None:
+                with contextlib.suppress(Exception):
+                    await conn.watcher.cancel(watch.watch_id)
+
+    async def holders(self, prefix: str = "") -> list[LeaseInfo]:
+        start = self._lock_prefix + prefix.encode()
+        answer = await self._call(
+            "Range", "kv", rpc.RangeRequest(key=start, range_end=_prefix_end(start))
+        )
+        lease_ids = sorted({int(kv.lease) for kv in answer.kvs if kv.lease})
+        ttls = await asyncio.gather(
+            *(
+                self._call("LeaseTimeToLive", "lease", rpc.LeaseTimeToLiveRequest(ID=lease_id))
+                for lease_id in lease_ids
+            )
+        )
+        remaining = {
+            lease_id: int(info.TTL) for lease_id, info in zip(lease_ids, ttls, strict=True)
+        }
+        infos = []
+        for kv in answer.kvs:
+            left = remaining.get(int(kv.lease), -1)
+            if left < 0:  # expired (whole seconds left, so 0 is still alive)
+                continue
+            holder = json.loads(kv.value).get("holder", "")
+            name = kv.key[len(self._lock_prefix) :].decode()
+            infos.append(LeaseInfo(name, holder, int(kv.create_revision), float(left)))
+        return sorted(infos, key=lambda info: info.name)
+
+    # -- the scheduler's records -------------------------------------------------
+
+    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        key = self._claim_prefix + task.encode()
+        value = _micros(fire_time)
+        put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
+        # One transaction: create it if absent, else advance it only forward
+        # (fixed-width digits compare as bytes in time order).
+        answer = await self._call(
+            "Txn",
+            "kv",
+            rpc.TxnRequest(
+                compare=[
+                    rpc.Compare(
+                        key=key,
+                        target=rpc.Compare.CREATE,
+                        result=rpc.Compare.EQUAL,
+                        create_revision=0,
+                    )
+                ],
+                success=[put],
+                failure=[
+                    rpc.RequestOp(
+                        request_txn=rpc.TxnRequest(
+                            compare=[
+                                rpc.Compare(
+                                    key=key,
+                                    target=rpc.Compare.VALUE,
+                                    result=rpc.Compare.LESS,
+                                    value=value,
+                                )
+                            ],
+                            success=[put],
+                        )
+                    )
+                ],
+            ),
+        )
+        if answer.succeeded:
+            return True
+        return bool(answer.responses[0].response_txn.succeeded)
+
+    def _run_task_prefix(self, task: str) -> bytes:
+        return self._run_prefix + task.encode() + b"\0"
+
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        key = (
+            self._run_task_prefix(record.task)
+            + _micros(record.started)
+            + b"/"
+            + record.run_id.encode()
+        )
+        # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
+        payload = json.dumps(dataclasses.astuple(record)).encode()
+        await self._call("Put", "kv", rpc.PutRequest(key=key, value=payload))
+        if record.ended is not None:
+            await self._trim(record.task, keep)
+
+    async def _trim(self, task: str, keep: int) -> int:
+        start = self._run_task_prefix(task)
+        answer = await self._call(
+            "Range",
+            "kv",
+            rpc.RangeRequest(key=start, range_end=_prefix_end(start), keys_only=True),
+        )
+        keys = sorted(kv.key for kv in answer.kvs)
+        extra = keys[: max(0, len(keys) - keep)]
+        for begin in range(0, len(extra), _MAX_TXN_OPS):
+            await self._call(
+                "Txn",
+                "kv",
+                rpc.TxnRequest(
+                    success=[
+                        rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+                        for key in extra[begin : begin + _MAX_TXN_OPS]
+                    ]
+                ),
+            )
+        return len(extra)
+
+    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        start = self._run_prefix if task is None else self._run_task_prefix(task)
+        request = rpc.RangeRequest(key=start, range_end=_prefix_end(start))
+        if task is not None:  # keys sort by start time within one task
+            request.sort_order = rpc.RangeRequest.DESCEND
+            request.sort_target = rpc.RangeRequest.KEY
+            request.limit = limit
+        answer = await self._call("Range", "kv", request)
+        found = [RunRecord(*json.loads(kv.value)) for kv in answer.kvs]
+        found.sort(key=lambda r: r.started, reverse=True)
+        return found[:limit]
+
+    async def prune(self, *, keep_runs: int) -> int:
+        # Leases and their keys expire by themselves in etcd, and fencing tokens
+        # are revisions, which never go back: only run records need trimming.
+        answer = await self._call(
+            "Range",
+            "kv",
+            rpc.RangeRequest(
+                key=self._run_prefix, range_end=_prefix_end(self._run_prefix), keys_only=True
+            ),
+        )
+        tasks = {kv.key[len(self._run_prefix) :].split(b"\0", 1)[0].decode() for kv in answer.kvs}
+        return sum([await self._trim(task, keep_runs) for task in sorted(tasks)])
