@@ -77,7 +77,6 @@ from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 __all__ = ("EtcdStore",)
 
 _MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-_FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -321,37 +320,48 @@ class EtcdStore(Store):
         metadata = None
         if self.username is not None:
             try:
-                answer = await rpc.AuthStub(channel).Authenticate(
-                    rpc.AuthenticateRequest(name=self.username, password=self._password),
-                    timeout=self.timeout,
-                )
-            except grpc.aio.AioRpcError as exc:
+                async with asyncio.timeout(self.timeout):
+                    answer = await rpc.AuthStub(channel).Authenticate(
+                        rpc.AuthenticateRequest(name=self.username, password=self._password)
+                    )
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
                 await channel.close()
-                self._fail_over(exc)
-                raise self._error(exc) from exc
+                raise self._failed(None, exc) from exc
             metadata = (("token", answer.token),)
         conn = _Conn(channel, metadata)
         self._conns[loop] = conn
         return conn
 
-    def _fail_over(self, exc: grpc.aio.AioRpcError) -> None:
-        if exc.code() in _FAILOVER_CODES and len(self.endpoints) > 1:
-            self._first = (self._first + 1) % len(self.endpoints)
-
-    def _error(self, exc: grpc.aio.AioRpcError) -> StoreUnavailable:
-        return StoreUnavailable(
-            f"etcd at {self.describe()} failed: {exc.code().name}: {exc.details()}"
-        )
+    def _failed(self, conn: _Conn | None, exc: Exception) -> StoreUnavailable:
+        """The error for a failed call; a member that timed out or went away
+        makes the next call start from the next member of the URL."""
+        if isinstance(exc, grpc.aio.AioRpcError):
+            code, details = exc.code().name, exc.details()
+        else:
+            code, details = "DEADLINE_EXCEEDED", f"no answer within {self.timeout:g} s"
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            if conn is not None:
+                conn.broken = True
+            if len(self.endpoints) > 1:
+                self._first = (self._first + 1) % len(self.endpoints)
+        error = StoreUnavailable(f"etcd at {self.describe()} failed: {code}: {details}")
+        error.__cause__ = exc
+        return error
 
     async def _call(self, method: str, stub: str, request: Any) -> Any:
         """One unary call; driver errors become StoreUnavailable. An expired
-        auth token is renewed once."""
+        auth token is renewed once.
+
+        The timeout is the event loop's (monotonic), not gRPC's: gRPC's Python
+        layer turns a timeout into a wall-clock deadline, which a clock step
+        would move."""
         for attempt in (1, 2):
             conn = await self._conn()
             try:
-                return await getattr(getattr(conn, stub), method)(
-                    request, timeout=self.timeout, metadata=conn.metadata
-                )
+                async with asyncio.timeout(self.timeout):
+                    return await getattr(getattr(conn, stub), method)(
+                        request, metadata=conn.metadata
+                    )
             except grpc.aio.AioRpcError as exc:
                 if (
                     attempt == 1
@@ -360,10 +370,9 @@ class EtcdStore(Store):
                 ):
                     conn.broken = True
                     continue
-                if exc.code() in _FAILOVER_CODES:
-                    conn.broken = True
-                    self._fail_over(exc)
-                raise self._error(exc) from exc
+                raise self._failed(conn, exc) from exc
+            except TimeoutError as exc:
+                raise self._failed(conn, exc) from exc
         raise AssertionError("unreachable")
 
     async def warm_up(self) -> None:
@@ -403,18 +412,14 @@ class EtcdStore(Store):
         """One keep-alive; the TTL etcd now gives the lease (<= 0: it is gone)."""
         conn = await self._conn()
         call = conn.lease.LeaseKeepAlive(
-            iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
-            timeout=self.timeout,
-            metadata=conn.metadata,
+            iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), metadata=conn.metadata
         )
         try:
-            async for answer in call:
-                return int(answer.TTL)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in _FAILOVER_CODES:
-                conn.broken = True
-                self._fail_over(exc)
-            raise self._error(exc) from exc
+            async with asyncio.timeout(self.timeout):
+                async for answer in call:
+                    return int(answer.TTL)
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            raise self._failed(conn, exc) from exc
         finally:
             call.cancel()
         raise StoreUnavailable(f"etcd at {self.describe()} ended a keep-alive without answer")
@@ -605,10 +610,7 @@ class EtcdStore(Store):
         except RevisionCompactedError:  # our revision is gone: look again at once
             return
         except (TimeoutError, grpc.aio.AioRpcError) as exc:
-            conn.broken = True
-            raise StoreUnavailable(
-                f"etcd at {self.describe()} did not set up a watch: {exc!r}"
-            ) from exc
+            raise self._failed(conn, exc) from exc
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), timeout)
