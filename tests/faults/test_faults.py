@@ -19,15 +19,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from tenure.stores import from_url
 
-from ..conftest import STORES, StoreKind, postgres_server, redis_server
+from ..conftest import STORES, StoreKind, etcd_cluster, postgres_server, redis_server
 from ..helpers.procs import ROOT
-from ..servers import PostgresServer, RedisServer
+from ..servers import EtcdCluster, PostgresServer, RedisServer
 from .fenced import Resource
 from .history import Grant, grants, read_logs, violations
 from .proxy import Proxy
@@ -250,15 +249,24 @@ def test_the_resource_refuses_stale_fences() -> None:
 
 
 @pytest.mark.parametrize("down_for", [0.0, 1.5 * TTL], ids=["at-once", "after-a-ttl"])
-@pytest.mark.parametrize("store", ["redis", "postgres"])
+@pytest.mark.parametrize("store", ["redis", "postgres", "etcd"])
 def test_store_killed_and_restarted(store: str, down_for: float, tmp_path: Path) -> None:
-    """PostgreSQL keeps every lease through a restart. Redis without persistence
+    """PostgreSQL and etcd (every member killed) keep every lease through a
+    restart. Redis without persistence
     forgets them: restarted at once, a second process acquires while the first
     still holds, and the checker must see that overlap (the fenced resource still
     refuses the stale write); restarted after a TTL, the holder had already given
     the lock up at its deadline."""
-    server: RedisServer | PostgresServer = RedisServer() if store == "redis" else PostgresServer()
-    url = server.url if isinstance(server, RedisServer) else server.url()
+    server: RedisServer | PostgresServer | EtcdCluster
+    if store == "redis":
+        server = RedisServer()
+        url = server.url
+    elif store == "etcd":
+        server = EtcdCluster()
+        url = server.url
+    else:
+        server = PostgresServer()
+        url = server.url()
     scenario = Run(url, tmp_path)
     try:
         scenario.start(1, iterations=1, hold=3 * TTL)
@@ -287,7 +295,7 @@ def test_store_killed_and_restarted(store: str, down_for: float, tmp_path: Path)
             assert (value, accepted, rejected) == (1, 1, 1), "the stale write was refused"
         else:
             assert found == []
-            if store == "postgres" and not down_for:
+            if store != "redis" and not down_for:
                 assert first.released is True, "the lease survived: released as held"
                 assert second.granted > first.end
             assert value == accepted
@@ -333,20 +341,25 @@ def _through_a_proxy(
     prefix = f"t{uuid.uuid4().hex[:12]}"
     if store == "redis":
         url = f"{redis_server().url}?prefix={prefix}"
+    elif store == "etcd":
+        url = f"{etcd_cluster().url}?prefix={prefix}"
     else:
         url = f"{postgres_server().url()}?prefix={prefix}{postgres_options}"
-    port = urlsplit(url).port
-    assert port is not None
+    port = int(url.split("://", 1)[1].split(",")[0].split("/")[0].split("?")[0].rsplit(":", 1)[1])
     proxy = Proxy(port)
     scenario = Run(url, tmp_path)
+    if store == "etcd":  # the holder reaches one member, through the proxy
+        through = f"etcd://127.0.0.1:{proxy.port}?prefix={prefix}"
+    else:
+        through = url.replace(f":{port}/", f":{proxy.port}/")
     try:
-        yield scenario, proxy, url.replace(f":{port}/", f":{proxy.port}/")
+        yield scenario, proxy, through
     finally:
         scenario.close()
         proxy.close()
 
 
-@pytest.mark.parametrize("store", ["redis", "postgres"])
+@pytest.mark.parametrize("store", ["redis", "postgres", "etcd"])
 def test_holder_cut_off_past_its_ttl_then_healed(store: str, tmp_path: Path) -> None:
     """A partition between the holder and the store: its renewals vanish, the store
     expires its lease and grants it to another; once healed, the holder's stale
@@ -422,7 +435,7 @@ def test_the_proxy_passes_delays_drops_and_resets() -> None:
         echo.close()
 
 
-@pytest.mark.parametrize("store", ["redis", "postgres"])
+@pytest.mark.parametrize("store", ["redis", "postgres", "etcd"])
 def test_a_delayed_release_replayed_after_a_new_grant(store: str, tmp_path: Path) -> None:
     """The network holds the holder's renewals and its release back for longer
     than its TTL: the lease expires, another process is granted the lock, and

@@ -268,6 +268,9 @@ class EtcdStore(Store):
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
             ("grpc.enable_retries", 0),
+            # A channel made to replace a broken one must open its own
+            # connection, not reuse the broken one from gRPC's global pool.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         addresses = []
         for host, _ in order:
@@ -339,7 +342,7 @@ class EtcdStore(Store):
             code, details = exc.code().name, exc.details()
         else:
             code, details = "DEADLINE_EXCEEDED", f"no answer within {self.timeout:g} s"
-        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL"):
             if conn is not None:
                 conn.broken = True
             if len(self.endpoints) > 1:
@@ -350,7 +353,10 @@ class EtcdStore(Store):
 
     async def _call(self, method: str, stub: str, request: Any) -> Any:
         """One unary call; driver errors become StoreUnavailable. An expired
-        auth token is renewed once.
+        auth token is renewed once, and a call whose connection broke
+        (UNAVAILABLE, INTERNAL) is sent once more on a new one, never one that
+        timed out: every call here is safe to repeat (an acquire or a claim
+        that was applied the first time recognizes itself the second time).
 
         The timeout is the event loop's (monotonic), not gRPC's: gRPC's Python
         layer turns a timeout into a wall-clock deadline, which a clock step
@@ -363,10 +369,10 @@ class EtcdStore(Store):
                         request, metadata=conn.metadata
                     )
             except grpc.aio.AioRpcError as exc:
-                if (
-                    attempt == 1
-                    and exc.code() == grpc.StatusCode.UNAUTHENTICATED
-                    and "token" in (exc.details() or "")
+                code = exc.code()
+                if attempt == 1 and (
+                    code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
+                    or (code == grpc.StatusCode.UNAUTHENTICATED and "token" in exc.details())
                 ):
                     conn.broken = True
                     continue
@@ -462,6 +468,12 @@ class EtcdStore(Store):
                         )
                     ),
                 ],
+                # Held: by whom? (Ourselves, when this is a resend of an
+                # acquire that was applied but whose answer was lost.)
+                failure=[
+                    rpc.RequestOp(request_range=rpc.RangeRequest(key=lock_key)),
+                    rpc.RequestOp(request_range=rpc.RangeRequest(key=token_key)),
+                ],
             )
             sent = time.monotonic()
             # The keep-alive travels beside the transaction: granted, the lease
@@ -477,11 +489,15 @@ class EtcdStore(Store):
                     self._forget_lease(lease)
                     continue
                 raise answer
+            fence = int(answer.header.revision)
             if not answer.succeeded:
-                with self._shared.guard:
-                    self._shared.owned.pop(token, None)
-                self._seen[name] = int(answer.header.revision)
-                return None
+                held_by = answer.responses[1].response_range.kvs
+                if not held_by or held_by[0].value != _digest(token):
+                    with self._shared.guard:
+                        self._shared.owned.pop(token, None)
+                    self._seen[name] = fence
+                    return None
+                fence = int(answer.responses[0].response_range.kvs[0].create_revision)
             if isinstance(alive, BaseException) or alive <= 0:
                 if not isinstance(alive, BaseException):
                     self._forget_lease(lease)  # expired under us: the keys went with it
@@ -499,7 +515,7 @@ class EtcdStore(Store):
                 for other, (other_name, _) in list(self._shared.owned.items()):
                     if other_name == name and other != token:
                         del self._shared.owned[other]
-            return Grant(int(answer.header.revision))
+            return Grant(fence)
         raise StoreUnavailable(f"etcd at {self.describe()} expired two leases in a row")
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
@@ -648,10 +664,14 @@ class EtcdStore(Store):
 
     async def claim_occurrence(self, task: str, fire_time: float) -> bool:
         key = self._claim_prefix + task.encode()
-        value = _micros(fire_time)
+        occurrence = _micros(fire_time) + b"/"
+        # The nonce tells this claim from an equal one of another instance when
+        # the call is resent after a lost answer.
+        value = occurrence + os.urandom(8).hex().encode()
         put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
         # One transaction: create it if absent, else advance it only forward
-        # (fixed-width digits compare as bytes in time order).
+        # (fixed-width digits compare as bytes in time order; "T/nonce" is not
+        # less than "T/", so an equal occurrence is never claimed twice).
         answer = await self._call(
             "Txn",
             "kv",
@@ -673,10 +693,11 @@ class EtcdStore(Store):
                                     key=key,
                                     target=rpc.Compare.VALUE,
                                     result=rpc.Compare.LESS,
-                                    value=value,
+                                    value=occurrence,
                                 )
                             ],
                             success=[put],
+                            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
                         )
                     )
                 ],
@@ -684,7 +705,11 @@ class EtcdStore(Store):
         )
         if answer.succeeded:
             return True
-        return bool(answer.responses[0].response_txn.succeeded)
+        inner = answer.responses[0].response_txn
+        if inner.succeeded:
+            return True
+        current = inner.responses[0].response_range.kvs
+        return bool(current) and current[0].value == value
 
     def _run_task_prefix(self, task: str) -> bytes:
         return self._run_prefix + task.encode() + b"\0"
