@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -440,14 +441,16 @@ class EtcdCluster:
     one second; clients may send keepalive pings every 500 ms.
     """
 
-    NAMES = ("m0", "m1", "m2")
-
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, members: int = 3, tls: Path | None = None) -> None:
+        """``tls``: a directory with cert.pem and key.pem; clients then speak only TLS."""
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("etcd is not installed: apt-get install -y etcd-server")
         self.binary = binary
         self.extra = extra
+        self.NAMES = tuple(f"m{i}" for i in range(members))
+        self.tls = tls
+        self.auth: tuple[str, str] | None = None
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-etcd-"))
         self.client_ports = {name: free_port() for name in self.NAMES}
         self.peer_ports = {name: free_port() for name in self.NAMES}
@@ -469,8 +472,15 @@ class EtcdCluster:
 
     def start_member(self, name: str) -> None:
         cluster = ",".join(f"{n}=http://127.0.0.1:{self.peer_ports[n]}" for n in self.NAMES)
-        client = f"http://127.0.0.1:{self.client_ports[name]}"
+        scheme = "https" if self.tls is not None else "http"
+        client = f"{scheme}://127.0.0.1:{self.client_ports[name]}"
         peer = f"http://127.0.0.1:{self.peer_ports[name]}"
+        certs = []
+        if self.tls is not None:
+            certs = [
+                *("--cert-file", str(self.tls / "cert.pem")),
+                *("--key-file", str(self.tls / "key.pem")),
+            ]
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - the member keeps it
         self.procs[name] = subprocess.Popen(
             [
@@ -483,6 +493,7 @@ class EtcdCluster:
                 *("--heartbeat-interval", "25", "--election-timeout", "250"),
                 *("--grpc-keepalive-min-time", "500ms", "--unsafe-no-fsync"),
                 *("--logger", "zap", "--log-level", "warn"),
+                *certs,
                 *self.extra,
             ],
             stdout=log,
@@ -500,8 +511,13 @@ class EtcdCluster:
         self.wait_healthy()
 
     def etcdctl(self, *args: str, endpoints: str | None = None) -> str:
+        options = ["--endpoints", endpoints or self.endpoints, "--command-timeout=2s"]
+        if self.tls is not None:
+            options.append(f"--cacert={self.tls / 'cert.pem'}")
+        if self.auth is not None:
+            options.append(f"--user={self.auth[0]}:{self.auth[1]}")
         out = subprocess.run(
-            ["etcdctl", "--endpoints", endpoints or self.endpoints, "--command-timeout=2s", *args],
+            ["etcdctl", *options, *args],
             capture_output=True,
             text=True,
             check=True,
@@ -530,13 +546,16 @@ class EtcdCluster:
             endpoint = f"127.0.0.1:{self.client_ports[name]}"
             with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
                 status = self.etcdctl("endpoint", "status", "-w", "json", endpoints=endpoint)
-                if '"leader":' in status:
-                    import json
-
-                    [entry] = json.loads(status)
-                    if entry["Status"]["leader"] == entry["Status"]["header"]["member_id"]:
-                        return name
+                [entry] = json.loads(status)
+                if entry["Status"]["leader"] == entry["Status"]["header"]["member_id"]:
+                    return name
         raise RuntimeError("no etcd member says it is the leader")
+
+    def enable_auth(self, password: str) -> None:
+        """A root user with ``password``, and authentication on."""
+        self.etcdctl("user", "add", f"root:{password}")
+        self.etcdctl("auth", "enable")
+        self.auth = ("root", password)
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         os.kill(self.procs[name].pid, sig)

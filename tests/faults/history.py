@@ -8,7 +8,8 @@ timeline.
 ``acquire``  t0 (called), t1 (returned), fence (None: not granted), deadline
 ``check``    t, held, deadline: what ``lock.held`` said, and when
 ``write``    t0, t1, fence, accepted: a read-modify-write on the fenced resource
-``release``  t0 (sent), t1 (answered), ok, deadline: the lock's local deadline when released
+``release``  t0 (sent), t1 (answered), ok (None: the store was unreachable), deadline: the
+             lock's local deadline when released
 
 A grant's lease interval is [t1 of its acquire, min(release sent, local
 deadline)]; a worker killed while holding ends at the last deadline it logged.

@@ -115,7 +115,10 @@ async def work(locks: LockService, name: str, log: Log, argv: list[str]) -> None
         watching.cancel()
         deadline = deadline_ns(lock)
         r0 = time.monotonic_ns()
-        ok = await lock.release()
+        try:
+            ok: bool | None = await lock.release()
+        except StoreUnavailable:  # unknown whether it arrived; the holder stopped at r0
+            ok = None
         log(op="release", t0=r0, t1=time.monotonic_ns(), ok=ok, deadline=deadline)
     writer.close()
 

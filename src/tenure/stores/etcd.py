@@ -553,14 +553,15 @@ class EtcdStore(Store):
         """Delete keys on our leases that no lock of ours owns (an acquire whose
         answer was lost): a shared lease must not keep them alive."""
         with self._shared.guard:
-            mine = {(name, lease_id) for name, lease_id in self._shared.owned.values()}
+            # Any name this process holds or is acquiring stays, whatever its lease.
+            mine = {name for name, _ in self._shared.owned.values()}
         ops = []
         for lease_id, keys in alive.items():
             for key in keys:
                 for prefix in (self._token_prefix, self._lock_prefix):
                     if key.startswith(prefix):
                         name = key[len(prefix) :].decode()
-                        if (name, lease_id) not in mine:
+                        if name not in mine:
                             ops.append((key, lease_id))
         for key, lease_id in ops:  # rare: one guarded delete each
             await self._call(

@@ -1,0 +1,216 @@
+"""What only the etcd store has to show: URLs, auth, TLS, shared leases, the leader's faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tenure import ConfigurationError, LockService, StoreUnavailable
+from tenure.stores import from_url
+from tenure.stores.etcd import EtcdStore
+
+from ..conftest import etcd_cluster
+from ..faults.history import grants, read_logs, violations
+from ..helpers.procs import ROOT
+from ..servers import EtcdCluster, self_signed_cert
+
+TTL = 1.0
+
+
+@pytest.fixture
+def cluster() -> Iterator[EtcdCluster]:
+    """A cluster of the test's own, whose members it may kill and pause."""
+    own = EtcdCluster()
+    yield own
+    own.stop()
+
+
+def test_url_forms_and_errors(tmp_path: Path) -> None:
+    store = from_url(
+        "etcd://u:s3cret@10.0.0.1:2379,[::1]:2380,etcd.local:2379?prefix=app&timeout=0.5"
+    )
+    assert isinstance(store, EtcdStore)
+    assert store.endpoints == [("10.0.0.1", 2379), ("::1", 2380), ("etcd.local", 2379)]
+    assert (store.prefix, store.timeout, store.username) == ("app", 0.5, "u")
+    assert "s3cret" not in store.describe() and "u:***@" in store.describe()
+    for bad, says in [
+        ("etcd://u:s3cret@host", "not host:port"),
+        ("etcd://h:1?colour=red", "unknown etcd URL option 'colour'"),
+        ("etcd://h:1?timeout=soon", "timeout must be a number"),
+        ("etcd://h:1?timeout=0", "timeout must be between"),
+        ("etcd://h:1?tls=maybe", "tls must be true or false"),
+        (f"etcd://h:1?ca={tmp_path}/missing.pem", "cannot read the etcd ca file"),
+        ("etcd://u@h:1", "both a user name and a password"),
+        (f"etcd://h:1?cert={tmp_path}", "cannot read the etcd cert file"),
+    ]:
+        with pytest.raises(ConfigurationError, match=says) as caught:
+            from_url(bad)
+        assert "s3cret" not in str(caught.value)
+
+
+async def test_locks_with_the_same_ttl_share_one_etcd_lease() -> None:
+    url = f"{etcd_cluster().url}?prefix=share{os.getpid()}"
+    async with LockService.from_url(url) as locks:
+        maybe = [await locks.acquire(f"s{i}", ttl=2) for i in range(20)]
+        held = [lock for lock in maybe if lock is not None]
+        other = await locks.acquire("other-ttl", ttl=3)
+        assert len(held) == 20 and other is not None
+        out = etcd_cluster().etcdctl("get", "--prefix", f"share{os.getpid()}/lock/", "-w", "json")
+        leases = {kv["lease"] for kv in json.loads(out)["kvs"]}
+        assert len(leases) == 2, "one lease per TTL, not one per lock"
+        trips = locks.renewer.round_trips
+        await asyncio.sleep(2.5)
+        assert all(lock.held for lock in held)
+        # ~2.5 s / (2 s / 3) renewal rounds, each one batch for all 21 locks.
+        assert locks.renewer.round_trips - trips < 10
+        for lock in [*held, other]:
+            assert await lock.release() is True
+
+
+async def test_a_lease_etcd_reports_expired_marks_every_lock_on_it_lost() -> None:
+    url = f"{etcd_cluster().url}?prefix=revoke{os.getpid()}"
+    async with LockService.from_url(url) as locks, LockService.from_url(url) as other:
+        maybe = [await locks.acquire(f"r{i}", ttl=1.5) for i in range(5)]
+        held = [lock for lock in maybe if lock is not None]
+        assert len(held) == 5
+        waiter = asyncio.ensure_future(other.acquire("r0", ttl=1.5, wait=5))
+        await asyncio.sleep(0.1)
+        out = etcd_cluster().etcdctl("get", f"revoke{os.getpid()}/lock/r0", "-w", "json")
+        lease = json.loads(out)["kvs"][0]["lease"]
+        etcd_cluster().etcdctl("lease", "revoke", format(lease, "x"))
+        got = await asyncio.wait_for(waiter, 5)
+        assert got is not None, "the waiter was woken by the keys' deletion"
+        await asyncio.sleep(1.0)  # the next renewal learns the lease is gone
+        assert all(lock.lost for lock in held)
+        assert "no longer has this lock's token" in (held[3].lost_reason or "")
+        await got.release()
+
+
+def test_password_auth_and_a_wrong_password() -> None:
+    cluster = EtcdCluster(members=1)
+    try:
+        cluster.enable_auth("pa55word")
+        good = f"etcd://root:pa55word@{cluster.endpoints}"
+
+        async def use(url: str) -> int:
+            async with LockService.from_url(url) as locks:
+                lock = await locks.acquire("auth", ttl=TTL)
+                assert lock is not None
+                await asyncio.sleep(0.5)  # renewed under the same credentials
+                assert lock.held
+                assert await lock.release()
+                return lock.fencing_token
+
+        assert asyncio.run(use(good)) > 0
+        with pytest.raises(StoreUnavailable) as caught:
+            asyncio.run(use(f"etcd://root:wrong@{cluster.endpoints}"))
+        assert "authentication failed" in str(caught.value)
+        assert "wrong" not in str(caught.value) and "pa55word" not in str(caught.value)
+    finally:
+        cluster.stop()
+
+
+def test_tls(tmp_path: Path) -> None:
+    certs = self_signed_cert(tmp_path)
+    cluster = EtcdCluster(members=1, tls=certs)
+    try:
+
+        async def use(url: str) -> None:
+            async with LockService.from_url(url) as locks:
+                lock = await locks.acquire("tls", ttl=TTL)
+                assert lock is not None
+                assert await lock.release()
+
+        asyncio.run(use(f"etcd://{cluster.endpoints}?ca={certs / 'cert.pem'}"))
+        with pytest.raises(StoreUnavailable):  # plain text to a TLS server
+            asyncio.run(use(f"etcd://{cluster.endpoints}?timeout=1"))
+    finally:
+        cluster.stop()
+
+
+def _contend(url: str, tmp: Path, workers: int, iterations: int) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    resource = subprocess.Popen(
+        [sys.executable, "-m", "tests.faults.fenced"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert resource.stdout is not None
+    port = resource.stdout.readline().strip()
+    procs: list[subprocess.Popen[bytes]] = [resource]  # type: ignore[list-item]
+    for i in range(workers):
+        procs.append(
+            subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "tests.faults.worker", url, "leader-lock"),
+                    *(str(tmp / f"w{i}.jsonl"), port, str(iterations), str(TTL), "0.2"),
+                ],
+                env=env,
+                cwd=ROOT,
+            )
+        )
+    return procs
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+def test_the_leader_killed_or_paused_during_contention(
+    cluster: EtcdCluster, tmp_path: Path, fault: str
+) -> None:
+    """Three processes contend while the leader is SIGKILLed (or SIGSTOPped past
+    the TTL): a new leader takes over, nobody is told it holds a lock another
+    holds, and fencing tokens keep increasing."""
+    procs = _contend(cluster.url, tmp_path, workers=3, iterations=8)
+    try:
+        time.sleep(1.0)  # contention under way
+        leader = cluster.leader()
+        if fault == "sigkill":
+            cluster.kill_member(leader)
+        else:
+            cluster.signal(leader, signal.SIGSTOP)
+        faulted_at = time.monotonic_ns()
+        time.sleep(2 * TTL)
+        new_leader = cluster.leader()
+        assert new_leader != leader, "another member was elected"
+        if fault == "sigstop":
+            cluster.signal(leader, signal.SIGCONT)
+        for proc in procs[1:]:
+            assert proc.wait(120) == 0
+        history = grants(read_logs(sorted(tmp_path.glob("w*.jsonl"))))
+        assert violations(history) == []
+        assert len(history) == 24
+        assert any(g.granted > faulted_at for g in history), "grants went on after the fault"
+        fences = [g.fence for g in sorted(history, key=lambda g: g.granted)]
+        assert fences == sorted(fences)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if procs[0].stdout is not None:
+            procs[0].stdout.close()
+
+
+def test_the_whole_cluster_restarted_keeps_fencing_increasing(cluster: EtcdCluster) -> None:
+    async def fence() -> int:
+        async with LockService.from_url(cluster.url) as locks:
+            for _ in range(50):  # the cluster may still be electing a leader
+                try:
+                    lock = await locks.acquire("restart", ttl=TTL)
+                    break
+                except StoreUnavailable:
+                    await asyncio.sleep(0.1)
+            assert lock is not None
+            assert await lock.release()
+            return lock.fencing_token
+
+    before = asyncio.run(fence())
+    cluster.restart()
+    after = asyncio.run(fence())
+    assert after > before
