@@ -8,6 +8,7 @@ waiter, and the waiter's acquire.
 
     python bench/handoff.py [--n 200] [--url URL]     (default: a temporary SQLite file)
     python bench/handoff.py --postgres                 (a throwaway PostgreSQL cluster)
+    python bench/handoff.py --etcd                     (a throwaway three-member etcd cluster)
 
 With a Redis URL, python-redis-lock (whose waiters block in BLPOP) is measured
 the same way in the same run, for comparison.
@@ -109,14 +110,17 @@ def main() -> None:
     parser.add_argument(
         "--postgres", action="store_true", help="start a throwaway PostgreSQL cluster (the tests')"
     )
+    parser.add_argument(
+        "--etcd", action="store_true", help="start a throwaway etcd cluster (the tests')"
+    )
     args = parser.parse_args()
-    if args.postgres:
+    if args.postgres or args.etcd:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.servers import PostgresServer
+        from tests.servers import EtcdCluster, PostgresServer
 
-        server = PostgresServer()
+        server: PostgresServer | EtcdCluster = PostgresServer() if args.postgres else EtcdCluster()
         try:
-            measure(server.url(), args.n)
+            measure(server.url() if isinstance(server, PostgresServer) else server.url, args.n)
         finally:
             server.stop()
         return
