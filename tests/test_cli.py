@@ -74,7 +74,7 @@ async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Pa
         (("tasks",), "no store URL"),
         (
             ("tasks", "--url", "mysql://u:secret@h/db"),
-            "known schemes: memory, postgres, postgresql, redis, rediss, sqlite, unix",
+            "known schemes: etcd, memory, postgres, postgresql, redis, rediss, sqlite, unix",
         ),
         (("run", "nonsense"), "MODULE:ATTR"),
         (("run", "no_such_module_xyz:app", "--url", "memory://"), "cannot import"),

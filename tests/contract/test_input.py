@@ -97,7 +97,7 @@ async def test_run_exclusively_needs_a_callable(locks: LockService) -> None:
 def test_unknown_schemes_list_the_known_ones(url: str) -> None:
     with pytest.raises(
         ConfigurationError,
-        match="known schemes: memory, postgres, postgresql, redis, rediss, sqlite, unix",
+        match="known schemes: etcd, memory, postgres, postgresql, redis, rediss, sqlite, unix",
     ):
         LockService.from_url(url)
 

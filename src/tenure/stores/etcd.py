@@ -581,28 +581,32 @@ class EtcdStore(Store):
             )
 
     async def release(self, name: str, token: str) -> bool:
-        with self._shared.guard:
-            self._shared.owned.pop(token, None)
         lock_key = self._lock_prefix + name.encode()
         token_key = self._token_prefix + name.encode()
-        answer = await self._call(
-            "Txn",
-            "kv",
-            rpc.TxnRequest(
-                compare=[
-                    rpc.Compare(
-                        key=token_key,
-                        target=rpc.Compare.VALUE,
-                        result=rpc.Compare.EQUAL,
-                        value=_digest(token),
-                    )
-                ],
-                success=[
-                    rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=lock_key)),
-                    rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=token_key)),
-                ],
-            ),
-        )
+        try:
+            answer = await self._call(
+                "Txn",
+                "kv",
+                rpc.TxnRequest(
+                    compare=[
+                        rpc.Compare(
+                            key=token_key,
+                            target=rpc.Compare.VALUE,
+                            result=rpc.Compare.EQUAL,
+                            value=_digest(token),
+                        )
+                    ],
+                    success=[
+                        rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=lock_key)),
+                        rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=token_key)),
+                    ],
+                ),
+            )
+        finally:
+            # Only now: a renewal in flight must not take the keys for an
+            # orphan's (and delete them) before this compare-and-delete runs.
+            with self._shared.guard:
+                self._shared.owned.pop(token, None)
         return bool(answer.succeeded)
 
     async def wait_released(self, name: str, timeout: float) -> None:
