@@ -89,3 +89,34 @@ def test_errors_are_one_clear_line(args: tuple[str, ...], says: str) -> None:
     assert says in result.stderr
     assert result.stderr.startswith("tenure: ")
     assert "secret" not in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_locks_lists_holders_without_tokens(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/locks.db"
+    async with LockService.from_url(url) as locks:
+        a = await locks.acquire("reports.nightly", ttl=30)
+        b = await locks.acquire("a-rather-long-lock-name-that-does-not-fit", ttl=30)
+        other = await locks.acquire("other", ttl=30)
+        assert a is not None and b is not None and other is not None
+        table = await asyncio.to_thread(tenure, "locks", "--url", url)
+        listed = await asyncio.to_thread(tenure, "locks", "--url", url, "--json", "--prefix", "r")
+        tokens = [a.token, b.token, other.token]
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), "fits an 80-column terminal"
+    assert lines[0].split() == ["lock", "holder", "fencing", "token", "acquired", "expires"]
+    assert any(
+        line.startswith("reports.nightly") and str(a.fencing_token) in line for line in lines
+    )
+    assert any(line.startswith("a-rather-long-lock-na…") for line in lines)
+    assert lines[-1] == "3 held; times UTC"
+    [entry] = json.loads(listed.stdout)
+    assert entry["name"] == "reports.nightly"
+    assert entry["holder"] == locks.holder
+    assert entry["fencing_token"] == a.fencing_token
+    assert 0 < entry["expires_in"] <= 30
+    assert abs(entry["acquired_at"] - time.time()) < 30
+    for token in tokens:
+        assert token not in table.stdout + listed.stdout
+    empty = tenure("locks", "--url", url)
+    assert empty.stdout.strip() == "no lock is held"

@@ -4,12 +4,14 @@ The public names live here; everything else is an implementation detail.
 """
 
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
+from .events import Event, log_events
 from .locks import Lock, LockService, Outcome, current_lock
 from .schedule import RunOutcome, ScheduledTask, ScheduledTaskStore, Scheduler
 from .stores.base import RunRecord
 
 __all__ = (
     "ConfigurationError",
+    "Event",
     "InvalidArgument",
     "Lock",
     "LockLost",
@@ -23,6 +25,7 @@ __all__ = (
     "StoreUnavailable",
     "TenureError",
     "current_lock",
+    "log_events",
 )
 
 __version__ = "0.1.0"

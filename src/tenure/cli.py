@@ -1,4 +1,4 @@
-"""The ``tenure`` command: ``demo``, ``run``, ``tasks`` and ``schema``."""
+"""The ``tenure`` command: ``demo``, ``run``, ``locks``, ``tasks`` and ``schema``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .locks import LockService
 from .schedule import Scheduler
 from .stores import _mask
 from .stores import from_url as store_from_url
-from .stores.base import RunRecord
+from .stores.base import LeaseInfo, RunRecord
 
 __all__ = ("main",)
 
@@ -233,6 +233,41 @@ def _record(r: RunRecord) -> dict[str, Any]:
     }
 
 
+# -- locks --------------------------------------------------------------------
+
+
+async def _locks(url: str, prefix: str, as_json: bool) -> None:
+    store = store_from_url(url)
+    try:
+        infos = await store.holders(prefix)
+    finally:
+        await store.aclose()
+    if as_json:
+        print(json.dumps([_lease(i) for i in infos], indent=2))
+        return
+    if not infos:
+        print(f"no lock is held{f' with a name starting {prefix!r}' if prefix else ''}")
+        return
+    # 80 columns: name 22, holder 20, fencing token 16, acquired 8, expires in 8.
+    print(f"{'lock':<22} {'holder':<20} {'fencing token':>16} {'acquired':<8} {'expires':>8}")
+    for i in infos:
+        name = i.name if len(i.name) <= 22 else i.name[:21] + "…"
+        holder = i.holder if len(i.holder) <= 20 else i.holder[:19] + "…"
+        at = _stamp(i.acquired_at) if i.acquired_at is not None else "?"
+        print(f"{name:<22} {holder:<20} {i.fencing_token:>16} {at:<8} {i.expires_in:>7.1f}s")
+    print(f"{len(infos)} held; times UTC")
+
+
+def _lease(i: LeaseInfo) -> dict[str, Any]:
+    return {
+        "name": i.name,
+        "holder": i.holder,
+        "fencing_token": i.fencing_token,
+        "acquired_at": i.acquired_at,
+        "expires_in": i.expires_in,
+    }
+
+
 # -- schema -------------------------------------------------------------------
 
 
@@ -271,6 +306,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="serve a Scheduler: MODULE:ATTR")
     p.add_argument("target")
     p.add_argument("--url", help="store URL, when ATTR is a function taking a LockService")
+    p = sub.add_parser(
+        "locks", help="every held lock: holder, fencing token, acquired, expires in (no secrets)"
+    )
+    p.add_argument("--url")
+    p.add_argument(
+        "--prefix", default="", help="only locks whose names start with this (not the key prefix)"
+    )
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
     p.add_argument("--url")
     p.add_argument("--task")
@@ -295,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return demo(args.instances, args.seconds, args.url, args.skew)
         if args.command == "run":
             asyncio.run(_serve(args.target, args.url))
+        elif args.command == "locks":
+            asyncio.run(_locks(_url(args.url), args.prefix, args.json))
         elif args.command == "tasks":
             asyncio.run(_tasks(_url(args.url), args.task, args.limit, args.json))
         elif args.command == "schema":

@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from . import _validate
 from ._aio import shielded as _shielded
-from .errors import LockLost, TenureError
+from .errors import LockLost, StoreUnavailable, TenureError
+from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer
 from .stores import from_url as store_from_url
 from .stores.base import Store
@@ -68,7 +69,7 @@ class Lock(LeaseState):
     every grant of the name: pass it to resources that can reject stale writers.
     """
 
-    __slots__ = ("__weakref__", "_service", "fencing_token")
+    __slots__ = ("__weakref__", "_service", "acquired_at", "fencing_token")
 
     def __init__(
         self, service: LockService, name: str, token: str, ttl: float, *, sent: float, fence: int
@@ -78,6 +79,15 @@ class Lock(LeaseState):
         LeaseState.__init__(self, name, token, ttl, sent)
         self._service = service
         self.fencing_token = fence
+        self.acquired_at = sent
+        """``time.monotonic()`` when the acquire that granted it was sent."""
+
+    def on_lost(self, reason: str) -> None:
+        hooks = self._service._hooks
+        if hooks.hooks:
+            hooks.emit(
+                Event("lost", self.name, self._service.holder, self.fencing_token, detail=reason)
+            )
 
     @property
     def held(self) -> bool:
@@ -115,6 +125,17 @@ class Lock(LeaseState):
         service._held.discard(self)
         service._renewer.discard(self)
         in_store = await service.store.release(self.name, self.token)
+        if service._hooks.hooks:
+            service._hooks.emit(
+                Event(
+                    "released",
+                    self.name,
+                    service.holder,
+                    self.fencing_token,
+                    seconds=time.monotonic() - self.acquired_at,
+                    detail="held" if was_held and in_store else "lost",
+                )
+            )
         return was_held and in_store
 
     async def wait_lost(self) -> None:
@@ -167,7 +188,8 @@ class LockService:
         self.store = store
         self.holder = holder if holder is not None else _holder_id()
         self._owns_store = False
-        self._renewer = Renewer(store)
+        self._hooks = Hooks()
+        self._renewer = Renewer(store, self._renewal_failed)
         self._held: set[Lock] = set()
         self._closed = False
         self._start_guard = threading.Lock()
@@ -185,6 +207,17 @@ class LockService:
     @property
     def renewer(self) -> Renewer:
         return self._renewer
+
+    def subscribe(self, hook: Hook) -> Callable[[], None]:
+        """Call ``hook(event)`` for every event of this service (see ``tenure.events``);
+        returns the function that unsubscribes it."""
+        return self._hooks.add(hook)
+
+    def _renewal_failed(self, count: int, exc: Exception) -> None:
+        if self._hooks.hooks:
+            self._hooks.emit(
+                Event("renewal_failed", "", self.holder, count=count, detail=repr(exc))
+            )
 
     async def __aenter__(self) -> LockService:
         self.start()
@@ -229,7 +262,7 @@ class LockService:
             # The inherited store is the parent's; it is left alone, not closed.
             self.store = self.store.sibling()
             self._owns_store = True
-            self._renewer = Renewer(self.store)
+            self._renewer = Renewer(self.store, self._renewal_failed)
             self._forked = False
 
     async def close(self) -> None:
@@ -276,6 +309,11 @@ class LockService:
             raise TenureError("this LockService is closed; make a new one")
         if self._renewer._thread is None or self._forked:
             self.start()
+        if self._hooks.hooks:
+            return await self._acquire_observed(name, ttl, wait)
+        return await self._acquire(name, ttl, wait)
+
+    async def _acquire(self, name: str, ttl: float, wait: float) -> Lock | None:
         lock = await self._try_acquire(name, ttl)
         if lock is not None or wait == 0:
             return lock
@@ -288,6 +326,20 @@ class LockService:
             lock = await self._try_acquire(name, ttl)
             if lock is not None:
                 return lock
+
+    async def _acquire_observed(self, name: str, ttl: float, wait: float) -> Lock | None:
+        started = time.monotonic()
+        try:
+            lock = await self._acquire(name, ttl, wait)
+        except StoreUnavailable as exc:
+            self._hooks.emit(Event("unavailable", name, self.holder, detail=str(exc)))
+            raise
+        took = time.monotonic() - started
+        if lock is None:
+            self._hooks.emit(Event("contended", name, self.holder, seconds=took))
+        else:
+            self._hooks.emit(Event("acquired", name, self.holder, lock.fencing_token, seconds=took))
+        return lock
 
     async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
         token = os.urandom(16).hex()  # 128 bits from the OS CSPRNG, as secrets uses

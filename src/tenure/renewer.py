@@ -106,19 +106,27 @@ class LeaseState:
         if time.monotonic() < self.deadline:
             return True
         with self.guard:
-            self._lose_locked(LOST_BY_DEADLINE)
+            newly = self._lose_locked(LOST_BY_DEADLINE)
+        if newly:
+            self.on_lost(LOST_BY_DEADLINE)
         return False
 
     def lose(self, reason: str) -> None:
         with self.guard:
-            self._lose_locked(reason)
+            newly = self._lose_locked(reason)
+        if newly:
+            self.on_lost(reason)
 
-    def _lose_locked(self, reason: str) -> None:
+    def on_lost(self, reason: str) -> None:
+        """Called once, outside the guard, when the lease is lost (Lock: an event)."""
+
+    def _lose_locked(self, reason: str) -> bool:
         if self.released or self.loss is not None:
-            return
+            return False
         self.loss = reason
         log.warning("lock %r lost: %s", self.name, reason)
         self._wake_locked()
+        return True
 
     def mark_released(self) -> bool:
         """Stop renewing. Returns whether the lease was still held locally."""
@@ -198,8 +206,11 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class Renewer:
     """Renews every lease of one service from a thread of its own."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, on_failure: Callable[[int, Exception], None] | None = None
+    ) -> None:
         self._store = store
+        self._on_failure = on_failure
         self._guard = threading.Lock()
         self._heap: list[tuple[float, int, LeaseState]] = []
         self._seq = itertools.count()
@@ -374,6 +385,8 @@ class Renewer:
             results = call.result()
         except Exception as exc:  # every failure is retried the same way, until the deadline
             log.warning("renewing %d lock(s) failed, retrying: %r", len(batch), exc)
+            if self._on_failure is not None:
+                self._on_failure(len(batch), exc)
             now = time.monotonic()
             for state in batch:
                 if not state.alive():

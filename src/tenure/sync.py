@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from . import _validate
 from . import locks as _core
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
+from .events import Hook
 from .locks import Outcome
 from .stores import from_url as store_from_url
 from .stores.base import Store
@@ -249,6 +250,11 @@ class LockService:
     @property
     def holder(self) -> str:
         return self._core.holder
+
+    def subscribe(self, hook: Hook) -> Callable[[], None]:
+        """Call ``hook(event)`` for every event of this service (see ``tenure.events``);
+        returns the function that unsubscribes it."""
+        return self._core.subscribe(hook)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a call of the core: on this thread when the store allows, else on the portal."""

@@ -445,3 +445,5 @@ async def test_holders_lists_live_leases_without_tokens(locks: LockService) -> N
     assert [i.name for i in infos] == ["h:a", "h:b"]
     assert all(i.holder == locks.holder for i in infos)
     assert [i.fencing_token for i in infos] == [a.fencing_token, b.fencing_token]
+    for info in infos:  # the store's clock or the acquiring host's: close to ours
+        assert info.acquired_at is not None and abs(info.acquired_at - time.time()) < 5

@@ -16,6 +16,7 @@ import collections
 import enum
 import logging
 import secrets
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost
+from ..events import Event
 from ..locks import LockService, Outcome, _is_async
 from ..stores.base import RunRecord
 from .cron import CronSchedule
@@ -134,7 +136,7 @@ class ScheduledTaskStore:
             if not claimed:
                 log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
                 self.counts["claimed_elsewhere"] += 1
-                self._tell(name, occurrence, "claimed_elsewhere")
+                self._tell(name, occurrence, "claimed_elsewhere", None)
                 return Outcome.SKIPPED
         record = RunRecord(
             run_id=secrets.token_hex(8),
@@ -146,6 +148,7 @@ class ScheduledTaskStore:
             outcome=RunOutcome.RUNNING,
         )
         await self.locks.store.record_run(record, keep=self.keep_runs)
+        began = time.monotonic()
         result: RunOutcome = RunOutcome.FAILED
         error: str | None = "interrupted"
         try:
@@ -174,7 +177,7 @@ class ScheduledTaskStore:
             return outcome
         finally:
             self.counts[result] += 1
-            self._tell(name, occurrence, result)
+            self._tell(name, occurrence, result, time.monotonic() - began)
             finished = RunRecord(
                 run_id=record.run_id,
                 task=name,
@@ -190,7 +193,12 @@ class ScheduledTaskStore:
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
 
-    def _tell(self, name: str, occurrence: float | None, outcome: str) -> None:
+    def _tell(
+        self, name: str, occurrence: float | None, outcome: str, seconds: float | None
+    ) -> None:
+        hooks = self.locks._hooks
+        if hooks.hooks:
+            hooks.emit(Event("task", name, self.locks.holder, seconds=seconds, detail=str(outcome)))
         if self.listener is not None:
             try:
                 self.listener(name, occurrence, outcome)

@@ -60,6 +60,9 @@ class LeaseInfo:
     fencing_token: int
     expires_in: float
     """Seconds until the lease expires unless renewed, by the store's clock."""
+    acquired_at: float | None = None
+    """When it was granted, POSIX seconds (the store's clock where it has one:
+    Redis and PostgreSQL; else the acquiring host's), None if unknown."""
 
 
 @dataclass(frozen=True, slots=True)

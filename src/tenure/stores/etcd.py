@@ -660,9 +660,17 @@ class EtcdStore(Store):
             left = remaining.get(int(kv.lease), -1)
             if left < 0:  # expired (whole seconds left, so 0 is still alive)
                 continue
-            holder = json.loads(kv.value).get("holder", "")
+            value = json.loads(kv.value)
             name = kv.key[len(self._lock_prefix) :].decode()
-            infos.append(LeaseInfo(name, holder, int(kv.create_revision), float(left)))
+            infos.append(
+                LeaseInfo(
+                    name,
+                    value.get("holder", ""),
+                    int(kv.create_revision),
+                    float(left),
+                    value.get("at"),
+                )
+            )
         return sorted(infos, key=lambda info: info.name)
 
     # -- the scheduler's records -------------------------------------------------

@@ -33,6 +33,7 @@ class _Lease:
     holder: str
     fence: int
     expires: float
+    acquired: float = 0.0
 
 
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
@@ -86,7 +87,7 @@ class MemoryStore(Store):
                 return None
             fence = self._fences.get(name, 0) + 1
             self._fences[name] = fence
-            self._leases[name] = _Lease(token, holder, fence, now + ttl)
+            self._leases[name] = _Lease(token, holder, fence, now + ttl, time.time())
         return Grant(fence)
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
@@ -143,7 +144,7 @@ class MemoryStore(Store):
         now = time.monotonic()
         with self._mutex:
             return [
-                LeaseInfo(name, lease.holder, lease.fence, lease.expires - now)
+                LeaseInfo(name, lease.holder, lease.fence, lease.expires - now, lease.acquired)
                 for name, lease in sorted(self._leases.items())
                 if name.startswith(prefix) and lease.expires > now
             ]

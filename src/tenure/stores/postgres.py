@@ -336,7 +336,8 @@ class PostgresStore(Store):
             "UPDATE {leases} SET waiters = greatest(waiters - 1, 0) WHERE name = %s"
         )
         self._sql_holders = names.render(
-            "SELECT name, holder, fence, extract(epoch FROM expires - clock_timestamp())::float8 "
+            "SELECT name, holder, fence, extract(epoch FROM expires - clock_timestamp())::float8,"
+            " extract(epoch FROM acquired)::float8 "
             "FROM {leases} WHERE token IS NOT NULL AND expires > clock_timestamp()"
             ' AND starts_with(name, %s) ORDER BY name COLLATE "C"'
         )
@@ -737,8 +738,8 @@ class PostgresStore(Store):
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
         rows = await self._query(self._sql_holders, (prefix,))
         return [
-            LeaseInfo(name, holder or "", fence, expires_in)
-            for name, holder, fence, expires_in in rows
+            LeaseInfo(name, holder or "", fence, expires_in, acquired)
+            for name, holder, fence, expires_in, acquired in rows
         ]
 
     # -- the scheduler's records -------------------------------------------------

@@ -412,13 +412,14 @@ class RedisStore(Store):
             infos = []
             for key in keys:
                 async with self._client.pipeline(transaction=False) as pipe:
-                    pipe.hmget(key, "holder", "fence")
+                    pipe.hmget(key, "holder", "fence", "acquired")
                     pipe.pttl(key)
-                    (holder, fence), pttl = await pipe.execute()
+                    (holder, fence, acquired), pttl = await pipe.execute()
                 if fence is None or pttl < 0:
                     continue
                 name = key.decode()[len(self.prefix) + 2 : -len("}:lease")]
-                infos.append(LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000))
+                at = float(acquired) if acquired is not None else None
+                infos.append(LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000, at))
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         return sorted(infos, key=lambda info: info.name)

@@ -170,7 +170,7 @@ class SQLiteStore(Store):
         )
         self._sql_unwait = f"DELETE FROM {p}_waiters WHERE addr = ?1"
         self._sql_holders = (
-            f"SELECT name, holder, fence, expires FROM {p}_leases "
+            f"SELECT name, holder, fence, expires, acquired FROM {p}_leases "
             "WHERE token IS NOT NULL AND expires > ?1 AND substr(name, 1, length(?2)) = ?2 "
             "ORDER BY name"
         )
@@ -465,8 +465,8 @@ class SQLiteStore(Store):
         now = time.monotonic_ns()
         rows = self._run(self._sql_holders, (now, prefix))
         return [
-            LeaseInfo(name, holder or "", fence, (expires - now) / 1e9)
-            for name, holder, fence, expires in rows
+            LeaseInfo(name, holder or "", fence, (expires - now) / 1e9, acquired)
+            for name, holder, fence, expires, acquired in rows
         ]
 
     async def claim_occurrence(self, task: str, fire_time: float) -> bool:

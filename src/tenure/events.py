@@ -1,0 +1,132 @@
+"""What happens to locks and tasks, as events for metrics and logs.
+
+``LockService.subscribe(hook)`` calls ``hook(event)`` for every event of that
+service (and of the schedulers built on it) until the function it returned is
+called. Hooks run synchronously on the thread where the event happened (the
+caller's for acquires and releases, the renewer's for losses and failed
+renewals), so they must be quick and must not block; an exception from a hook
+is logged and never reaches tenure. With no hook subscribed, emitting costs one
+attribute test.
+
+Events carry the lock's or task's name, the holder id (``host:pid:id``) and the
+fencing token, never the secret token.
+
+Kinds (``Event.kind``):
+
+``acquired``        a grant; ``seconds``: how long the acquire took, waits included
+``contended``       acquire returned None (held elsewhere); ``seconds`` as above
+``unavailable``     acquire raised StoreUnavailable; ``detail``: the error
+``released``        ``seconds``: how long it was held; ``detail``: ``held`` or ``lost``
+``lost``            ``detail``: why (the store no longer has it, its deadline passed, ...)
+``renewal_failed``  a renewal batch did not reach the store (retried until the
+                    deadlines); ``name``: ``""``; ``count``: locks in the batch;
+                    ``detail``: the error
+``task``            a scheduled task's run; ``detail``: ``ran``, ``skipped``,
+                    ``failed``, ``lost`` or ``claimed_elsewhere``; ``seconds``: its duration
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ("Event", "Hook", "log_events")
+
+log = logging.getLogger("tenure.events")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str
+    name: str
+    holder: str
+    fencing_token: int | None = None
+    seconds: float | None = None
+    detail: str | None = None
+    count: int = 1
+
+
+Hook = Callable[[Event], None]
+
+
+class Hooks:
+    """A service's subscribers; copy-on-write, so emitting needs no lock."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self) -> None:
+        self.hooks: tuple[Hook, ...] = ()
+
+    def add(self, hook: Hook) -> Callable[[], None]:
+        if not callable(hook):
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(f"a hook must be callable, got {hook!r}")
+        self.hooks = (*self.hooks, hook)
+
+        def unsubscribe() -> None:
+            self.hooks = tuple(h for h in self.hooks if h is not hook)
+
+        return unsubscribe
+
+    def emit(self, event: Event) -> None:
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception:
+                log.exception("a tenure event hook failed on a %r event", event.kind)
+
+
+_LEVELS = {
+    "lost": logging.WARNING,
+    "renewal_failed": logging.WARNING,
+    "unavailable": logging.WARNING,
+}
+
+
+def log_events(logger: logging.Logger | None = None) -> Hook:
+    """A hook that logs each event as one structured record.
+
+    The message is readable as it is; the fields are also in the record's
+    ``extra`` (``tenure_event``, ``lock``, ``holder``, ``fencing_token``,
+    ``seconds``, ``detail``) for JSON log formatters. Losses, failed renewals
+    and an unreachable store are warnings; the rest is INFO (``contended`` and
+    ``acquired``/``released`` DEBUG, being the common case).
+    """
+    target = logger if logger is not None else log
+
+    def hook(event: Event) -> None:
+        level = _LEVELS.get(event.kind)
+        if level is None:
+            level = (
+                logging.DEBUG
+                if event.kind in ("acquired", "released", "contended")
+                else logging.INFO
+            )
+        if not target.isEnabledFor(level):
+            return
+        parts = [f"{event.kind} {event.name!r}" if event.name else event.kind]
+        parts.append(f"holder={event.holder}")
+        if event.fencing_token is not None:
+            parts.append(f"fencing_token={event.fencing_token}")
+        if event.seconds is not None:
+            parts.append(f"seconds={event.seconds:.3f}")
+        if event.count != 1:
+            parts.append(f"count={event.count}")
+        if event.detail:
+            parts.append(f"detail={event.detail}")
+        target.log(
+            level,
+            " ".join(parts),
+            extra={
+                "tenure_event": event.kind,
+                "lock": event.name,
+                "holder": event.holder,
+                "fencing_token": event.fencing_token,
+                "seconds": event.seconds,
+                "detail": event.detail,
+            },
+        )
+
+    return hook
