@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,3 +121,73 @@ async def test_locks_lists_holders_without_tokens(tmp_path: Path) -> None:
         assert token not in table.stdout + listed.stdout
     empty = tenure("locks", "--url", url)
     assert empty.stdout.strip() == "no lock is held"
+
+
+def _on_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """Run ``tenure ARGS`` with a pseudo-terminal as its stdin, typing ``answer``."""
+    import pty
+
+    main, child = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenure", *args],
+        stdin=child,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    os.close(child)
+    os.write(main, answer.encode() + b"\n")
+    out, err = proc.communicate(timeout=60)
+    os.close(main)
+    return proc.returncode, out + err
+
+
+async def test_release_force_asks_evicts_and_leaves_a_record(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/force.db"
+    async with LockService.from_url(url) as locks:
+        lock = await locks.acquire("stuck", ttl=2)
+        assert lock is not None
+        refused = await asyncio.to_thread(tenure, "release", "stuck", "--url", url)
+        assert refused.returncode == 2 and "add --force" in refused.stderr
+        no_tty = await asyncio.to_thread(tenure, "release", "stuck", "--force", "--url", url)
+        assert no_tty.returncode == 2 and "without --yes" in no_tty.stderr
+        code, said = await asyncio.to_thread(
+            _on_a_terminal, ["release", "stuck", "--force", "--url", url], "n"
+        )
+        assert code == 1 and "nothing freed" in said and locks.holder in said
+        assert lock.held
+        code, said = await asyncio.to_thread(
+            _on_a_terminal, ["release", "stuck", "--force", "--url", url], "y"
+        )
+        assert code == 0, said
+        assert f"evicted {locks.holder} (fencing token {lock.fencing_token})" in said
+        await asyncio.sleep(1.0)  # its next renewal finds the lease gone
+        assert lock.lost
+        again = await locks.acquire("stuck", ttl=2)
+        assert again is not None and again.fencing_token > lock.fencing_token
+        await again.release()
+        assert lock.token not in said
+    records = await asyncio.to_thread(
+        tenure, "tasks", "--url", url, "--task", "tenure.release:stuck", "--json"
+    )
+    [record] = json.loads(records.stdout)
+    assert record["outcome"] == "forced"
+    assert f"evicted {locks.holder}" in record["error"]
+    who, _, where = record["instance"].partition("@")
+    assert who and where.startswith(socket.gethostname() + ":"), "who freed it, from where"
+    gone = tenure("release", "stuck", "--force", "--yes", "--url", url)
+    assert gone.returncode == 1 and "is not held" in gone.stdout
+
+
+async def test_release_force_yes_frees_without_asking(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/yes.db"
+    async with LockService.from_url(url) as locks:
+        lock = await locks.acquire("stuck", ttl=2)
+        assert lock is not None
+        done = await asyncio.to_thread(tenure, "release", "stuck", "--force", "--yes", "--url", url)
+        assert done.returncode == 0, done.stderr
+        assert "freed 'stuck'" in done.stdout
+        assert await locks.store.holders("stuck") == []

@@ -1,4 +1,4 @@
-"""The ``tenure`` command: ``demo``, ``run``, ``locks``, ``tasks`` and ``schema``."""
+"""The ``tenure`` command: ``demo``, ``run``, ``locks``, ``release``, ``tasks`` and ``schema``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import importlib
 import json
 import os
 import queue
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -268,6 +270,56 @@ def _lease(i: LeaseInfo) -> dict[str, Any]:
     }
 
 
+# -- release --force --------------------------------------------------------------
+
+
+async def _force_release(url: str, name: str, yes: bool) -> int:
+    store = store_from_url(url)
+    try:
+        info = next((i for i in await store.holders(name) if i.name == name), None)
+        if info is None:
+            print(f"lock {name!r} is not held: nothing to free")
+            return 1
+        what = (
+            f"lock {name!r} held by {info.holder} (fencing token {info.fencing_token}, "
+            f"expires in {info.expires_in:.1f} s unless renewed)"
+        )
+        if not yes:
+            if not sys.stdin.isatty():
+                raise ConfigurationError(
+                    f"refusing to free {what} without --yes: there is no terminal to ask on"
+                )
+            answer = await asyncio.to_thread(
+                input, f"Free {what}? Its holder may still be running. [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing freed")
+                return 1
+        evicted = await store.force_release(name)
+        if evicted is None:
+            print(f"lock {name!r} was released or changed hands meanwhile: nothing freed")
+            return 1
+        now = time.time()
+        operator = f"{os.environ.get('USER') or os.getuid()}@{socket.gethostname()}:{os.getpid()}"
+        note = (
+            f"forced free by {operator}: evicted {evicted.holder} "
+            f"(fencing token {evicted.fencing_token})"
+        )
+        record = RunRecord(
+            secrets.token_hex(8), f"tenure.release:{name}", None, operator, now, now, "forced", note
+        )
+        await store.record_run(record, keep=100)
+        print(
+            f"freed {name!r}: evicted {evicted.holder} (fencing token {evicted.fencing_token}). "
+            "It loses the lock at its next renewal; every later grant has a larger token, "
+            "so fenced resources refuse its writes. Recorded: tenure tasks --task "
+            f"'tenure.release:{name}'"
+        )
+        return 0
+    finally:
+        await store.aclose()
+
+
 # -- schema -------------------------------------------------------------------
 
 
@@ -314,6 +366,13 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix", default="", help="only locks whose names start with this (not the key prefix)"
     )
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "release", help="free a lock whose holder is known to be gone (needs --force)"
+    )
+    p.add_argument("name")
+    p.add_argument("--url")
+    p.add_argument("--force", action="store_true", help="free it whoever holds it")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
     p.add_argument("--url")
     p.add_argument("--task")
@@ -340,6 +399,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_serve(args.target, args.url))
         elif args.command == "locks":
             asyncio.run(_locks(_url(args.url), args.prefix, args.json))
+        elif args.command == "release":
+            if not args.force:
+                raise ConfigurationError(
+                    f"tenure release frees {args.name!r} from whoever holds it; "
+                    "add --force if you know its holder is gone"
+                )
+            return asyncio.run(_force_release(_url(args.url), args.name, args.yes))
         elif args.command == "tasks":
             asyncio.run(_tasks(_url(args.url), args.task, args.limit, args.json))
         elif args.command == "schema":

@@ -447,3 +447,29 @@ async def test_holders_lists_live_leases_without_tokens(locks: LockService) -> N
     assert [i.fencing_token for i in infos] == [a.fencing_token, b.fencing_token]
     for info in infos:  # the store's clock or the acquiring host's: close to ours
         assert info.acquired_at is not None and abs(info.acquired_at - time.time()) < 5
+
+
+@asyncio_only
+async def test_force_release_evicts_the_holder_wakes_waiters_and_fences(
+    locks: LockService, other: LockService
+) -> None:
+    lock = await locks.acquire("stuck", ttl=TTL)
+    assert lock is not None
+    waiter = asyncio.ensure_future(other.acquire("stuck", ttl=TTL, wait=5))
+    await asyncio.sleep(0.1)
+    assert not waiter.done()
+    evicted = await other.store.force_release("stuck")
+    assert evicted is not None
+    assert (evicted.name, evicted.holder) == ("stuck", locks.holder)
+    assert evicted.fencing_token == lock.fencing_token
+    got = await asyncio.wait_for(waiter, 3)
+    assert got is not None, "the waiter was woken and granted the lock"
+    assert got.fencing_token > lock.fencing_token
+    if other.store.scheme in ("memory", "sqlite"):  # per-name counters: the bump shows
+        assert got.fencing_token == lock.fencing_token + 2
+    await asyncio.sleep(TTL / 2)  # the evicted holder's next renewal fails
+    assert lock.lost and not lock.held
+    assert await lock.release() is False
+    assert got.held, "the new holder is untouched"
+    assert await got.release() is True
+    assert await other.store.force_release("stuck") is None, "nothing left to free"

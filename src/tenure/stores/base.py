@@ -184,6 +184,38 @@ class Store(ABC):
         atomic step; live leases and occurrence claims are never touched.
         """
 
+    async def force_release(self, name: str) -> LeaseInfo | None:
+        """Free ``name`` whoever holds it: an operator's action on a stale lock.
+
+        Returns the grant it removed, or None when nothing live was held (or the
+        lock changed hands while this ran: look again). Waiters are woken, and
+        the name's fencing counter is advanced past the evicted grant, so every
+        later grant's token is larger and fenced resources refuse the evicted
+        holder's writes once they have seen one. The evicted holder learns of it
+        at its next renewal (its lock is then lost).
+
+        Stores implement it with :meth:`_live_grant` (the current token and
+        what operators may see) and :meth:`_bump_fence`; the removal itself is
+        :meth:`release`'s compare-and-set, so only the grant that was read is
+        removed.
+        """
+        found = await self._live_grant(name)
+        if found is None:
+            return None
+        token, info = found
+        if not await self.release(name, token):
+            return None
+        await self._bump_fence(name)
+        return info
+
+    async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
+        """The live grant of ``name`` with its token; None when free. Store-internal:
+        the token never leaves the store's code."""
+        raise NotImplementedError(f"{type(self).__name__} cannot force a release")
+
+    async def _bump_fence(self, name: str) -> None:  # noqa: B027 - stores with a sequence need nothing
+        """Advance the fencing counter of a just-freed ``name`` by one."""
+
     async def warm_up(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Open connections ahead of first use (the renewer calls it as it starts).
 

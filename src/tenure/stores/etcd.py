@@ -609,6 +609,38 @@ class EtcdStore(Store):
                 self._shared.owned.pop(token, None)
         return bool(answer.succeeded)
 
+    async def force_release(self, name: str) -> LeaseInfo | None:
+        # The token is only a digest here, so the compare is on the grant's
+        # create revision (its fencing token) instead; the deletion's own
+        # revision is larger than every earlier fencing token.
+        found = [info for info in await self.holders(name) if info.name == name]
+        if not found:
+            return None
+        lock_key = self._lock_prefix + name.encode()
+        answer = await self._call(
+            "Txn",
+            "kv",
+            rpc.TxnRequest(
+                compare=[
+                    rpc.Compare(
+                        key=lock_key,
+                        target=rpc.Compare.CREATE,
+                        result=rpc.Compare.EQUAL,
+                        create_revision=found[0].fencing_token,
+                    )
+                ],
+                success=[
+                    rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=lock_key)),
+                    rpc.RequestOp(
+                        request_delete_range=rpc.DeleteRangeRequest(
+                            key=self._token_prefix + name.encode()
+                        )
+                    ),
+                ],
+            ),
+        )
+        return found[0] if answer.succeeded else None
+
     async def wait_released(self, name: str, timeout: float) -> None:
         key = self._lock_prefix + name.encode()
         seen = self._seen.pop(name, None)

@@ -118,6 +118,20 @@ class MemoryStore(Store):
                 pass
         return lease.expires > now
 
+    async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
+        now = time.monotonic()
+        with self._mutex:
+            lease = self._leases.get(name)
+            if lease is None or lease.expires <= now:
+                return None
+            return lease.token, LeaseInfo(
+                name, lease.holder, lease.fence, lease.expires - now, lease.acquired
+            )
+
+    async def _bump_fence(self, name: str) -> None:
+        with self._mutex:
+            self._fences[name] = self._fences.get(name, 0) + 1
+
     async def wait_released(self, name: str, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()

@@ -320,6 +320,11 @@ class PostgresStore(Store):
             "RETURNING expires > clock_timestamp(),"
             " CASE WHEN waiters > 0 THEN pg_notify(%s, name)::text END"
         )
+        self._sql_live_grant = names.render(
+            "SELECT token, holder, fence, extract(epoch FROM expires - clock_timestamp())::float8,"
+            " extract(epoch FROM acquired)::float8 FROM {leases}"
+            " WHERE name = %s AND token IS NOT NULL AND expires > clock_timestamp()"
+        )
         self._sql_remaining = names.render(
             "SELECT extract(epoch FROM expires - clock_timestamp())::float8 FROM {leases} "
             "WHERE name = %s AND token IS NOT NULL AND expires > clock_timestamp()"
@@ -655,6 +660,16 @@ class PostgresStore(Store):
     async def release(self, name: str, token: str) -> bool:
         rows = await self._query(self._sql_release, (name, token, self._names.channel))
         return bool(rows and rows[0][0])
+
+    async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
+        rows = await self._query(self._sql_live_grant, (name,))
+        if not rows:
+            return None
+        token, holder, fence, expires_in, acquired = rows[0]
+        return token, LeaseInfo(name, holder or "", fence, expires_in, acquired)
+
+    # _bump_fence: nothing to do. Fencing tokens come from one sequence, so
+    # every later grant's is larger already.
 
     async def _remaining(self, name: str) -> float | None:
         rows = await self._query(self._sql_remaining, (name,))

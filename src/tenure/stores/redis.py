@@ -424,6 +424,24 @@ class RedisStore(Store):
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         return sorted(infos, key=lambda info: info.name)
 
+    async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
+        key = self._lease(name)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.hmget(key, "token", "holder", "fence", "acquired")
+                pipe.pttl(key)
+                (token, holder, fence, acquired), pttl = await pipe.execute()
+        except _DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        if token is None or fence is None or pttl < 0:
+            return None
+        at = float(acquired) if acquired is not None else None
+        info = LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000, at)
+        return token.decode(), info
+
+    async def _bump_fence(self, name: str) -> None:
+        await self._call("incr", self._tag(name) + ":fence")
+
     # -- the scheduler's records -----------------------------------------------
 
     def _runs_keys(self, task: str) -> tuple[str, str]:

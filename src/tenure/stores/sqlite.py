@@ -419,6 +419,24 @@ class SQLiteStore(Store):
             self._notify(rows[0][0].split(" "))
         return valid
 
+    async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
+        now = time.monotonic_ns()
+        rows = self._run(
+            f"SELECT token, holder, fence, expires, acquired FROM {self.prefix}_leases "
+            "WHERE name = ?1 AND token IS NOT NULL AND expires > ?2",
+            (name, now),
+        )
+        if not rows:
+            return None
+        token, holder, fence, expires, acquired = rows[0]
+        return token, LeaseInfo(name, holder or "", fence, (expires - now) / 1e9, acquired)
+
+    async def _bump_fence(self, name: str) -> None:
+        self._run(
+            f"UPDATE {self.prefix}_leases SET fence = fence + 1 WHERE name = ?1 AND token IS NULL",
+            (name,),
+        )
+
     def _notify(self, addresses: list[str]) -> None:
         sender = self._sender
         if sender is None:
