@@ -191,3 +191,66 @@ async def test_release_force_yes_frees_without_asking(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert "freed 'stuck'" in done.stdout
         assert await locks.store.holders("stuck") == []
+
+
+def test_doctor_on_sqlite(tmp_path: Path) -> None:
+    done = tenure("doctor", "--url", f"sqlite://{tmp_path}/doc.db")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())  # as one line, whatever the wrapping
+    assert "reachable: round trip" in said
+    assert "on a local filesystem" in said
+    assert "synchronous=normal" in said and "fix: add ?synchronous=full" in said
+    assert all(len(line) <= 80 for line in done.stdout.splitlines())
+
+
+def test_doctor_knows_network_filesystems() -> None:
+    from tenure.stores.sqlite import _filesystem
+
+    mounts = (
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "server:/export /srv/shared nfs4 rw 0 0\n"
+        "/dev/sdb1 /srv/shared/local\\040disk xfs rw 0 0\n"
+    )
+    assert _filesystem(Path("/srv/shared/app/locks.db"), mounts) == "nfs4"
+    assert _filesystem(Path("/srv/shared/local disk/locks.db"), mounts) == "xfs"
+    assert _filesystem(Path("/srv/sharedness/locks.db"), mounts) == "ext4"
+
+
+def test_doctor_finds_an_evicting_redis_and_masks_passwords() -> None:
+    from .servers import RedisServer, free_port
+
+    evicting = RedisServer("--maxmemory-policy", "allkeys-lru")
+    durable = RedisServer("--appendonly", "yes", "--appendfsync", "always")
+    try:
+        bad = tenure("doctor", "--url", evicting.url)
+        assert bad.returncode == 1, bad.stdout + bad.stderr
+        assert "unsafe" in bad.stdout and "maxmemory-policy is allkeys-lru" in bad.stdout
+        assert "fix: set maxmemory-policy noeviction" in bad.stdout
+        assert "a restart forgets the leases" in bad.stdout
+        good = tenure("doctor", "--url", durable.url)
+        assert good.returncode == 0, good.stdout
+        assert "appendonly yes, appendfsync always" in good.stdout
+        assert "clock is" in good.stdout and "the store's" in good.stdout
+    finally:
+        evicting.stop()
+        durable.stop()
+    gone = tenure("doctor", "--url", f"redis://me:s3cret@127.0.0.1:{free_port()}/0")
+    assert gone.returncode == 1
+    assert "cannot reach the store" in gone.stdout
+    assert "s3cret" not in gone.stdout + gone.stderr and "me:***@" in gone.stdout
+
+
+def test_doctor_on_postgres_and_etcd() -> None:
+    from .conftest import etcd_cluster, postgres_server
+
+    base = postgres_server().url()
+    # libpq's options, percent-encoded (a space in them must reach libpq as a space)
+    relaxed = base + ("&" if "?" in base else "?") + "options=-c%20synchronous_commit%3Doff"
+    for url, expect in [
+        (base, "ok     synchronous_commit is on"),
+        (relaxed, "warn   synchronous_commit is off"),
+        (etcd_cluster().url, "no clock of its own"),
+    ]:
+        done = tenure("doctor", "--url", url)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert expect in done.stdout

@@ -1,10 +1,11 @@
-"""The ``tenure`` command: ``demo``, ``run``, ``locks``, ``release``, ``tasks`` and ``schema``."""
+"""The ``tenure`` command: demo, run, locks, release, tasks, doctor and schema."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
+import contextlib
 import importlib
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import ConfigurationError, TenureError
+from .errors import ConfigurationError, StoreUnavailable, TenureError
 from .locks import LockService
 from .schedule import Scheduler
 from .stores import _mask
@@ -320,6 +322,74 @@ async def _force_release(url: str, name: str, yes: bool) -> int:
         await store.aclose()
 
 
+# -- doctor -------------------------------------------------------------------
+
+SKEW_WARNING = 1.0
+"""Seconds of clock skew between this host and the store past which doctor warns."""
+
+
+def _say(level: str, text: str, fix: str = "") -> None:
+    """One finding, wrapped to 80 columns."""
+    print(textwrap.fill(text, 80, initial_indent=f"{level:<7}", subsequent_indent=" " * 7))
+    if fix:
+        print(textwrap.fill(fix, 80, initial_indent="  fix: ", subsequent_indent=" " * 7))
+
+
+async def _doctor(url: str) -> int:
+    store = store_from_url(url)
+    print(f"store  {store.describe()}")
+    try:
+        trips = []
+        for _ in range(5):
+            started = time.perf_counter()
+            await store.holders("tenure-doctor/")
+            trips.append(time.perf_counter() - started)
+        trips.sort()
+        _say("ok", f"reachable: round trip {trips[2] * 1000:.3f} ms (median of 5)")
+        before = time.time()
+        theirs = await store.server_time()
+        after = time.time()
+        if theirs is None:
+            _say(
+                "ok",
+                "no clock of its own to compare: lease time is this host's monotonic "
+                "clock (SQLite, memory) or the etcd leader's",
+            )
+        else:
+            skew = theirs - (before + after) / 2
+            within = (after - before) / 2
+            text = (
+                f"this host's clock is {abs(skew):.3f} s {'behind' if skew > 0 else 'ahead of'} "
+                f"the store's (±{within:.3f} s)"
+            )
+            if abs(skew) > SKEW_WARNING:
+                _say(
+                    "warn",
+                    text + ": locks do not mind (the store decides expiry), but scheduled "
+                    "tasks fire by each host's clock, so this host runs its occurrences that "
+                    "much early or late (each still runs once)",
+                    "run NTP (chrony, systemd-timesyncd) on every host and the store's",
+                )
+            else:
+                _say("ok", text)
+        findings = await store.diagnose()
+    except StoreUnavailable as exc:
+        _say(
+            "unsafe", f"cannot reach the store: {exc}", "check the URL, the network and the server"
+        )
+        return 1
+    finally:
+        with contextlib.suppress(TenureError):
+            await store.aclose()
+    for finding in findings:
+        _say(finding.level, finding.what, finding.fix)
+    unsafe = [f for f in findings if f.level == "unsafe"]
+    if unsafe:
+        print(f"{len(unsafe)} unsafe setting(s): locks can be lost or granted twice")
+        return 1
+    return 0
+
+
 # -- schema -------------------------------------------------------------------
 
 
@@ -373,6 +443,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--url")
     p.add_argument("--force", action="store_true", help="free it whoever holds it")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p = sub.add_parser(
+        "doctor", help="reachability, clock skew and settings that weaken the guarantees"
+    )
+    p.add_argument("--url")
     p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
     p.add_argument("--url")
     p.add_argument("--task")
@@ -406,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "add --force if you know its holder is gone"
                 )
             return asyncio.run(_force_release(_url(args.url), args.name, args.yes))
+        elif args.command == "doctor":
+            return asyncio.run(_doctor(_url(args.url)))
         elif args.command == "tasks":
             asyncio.run(_tasks(_url(args.url), args.task, args.limit, args.json))
         elif args.command == "schema":

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ("Grant", "LeaseInfo", "RenewItem", "RunRecord", "Store")
+__all__ = ("Finding", "Grant", "LeaseInfo", "RenewItem", "RunRecord", "Store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +82,18 @@ class RunRecord:
     """``running``, then ``ran``, ``skipped`` (still held by an earlier run),
     ``failed`` (the task raised) or ``lost`` (its lock was lost under it)."""
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing ``tenure doctor`` found about a store's configuration."""
+
+    level: str
+    """``ok``, ``warn`` (a guarantee is weaker than it could be) or ``unsafe``
+    (locks can be lost or granted twice: ``tenure doctor`` exits non-zero)."""
+    what: str
+    fix: str = ""
+    """What to change, for ``warn`` and ``unsafe``."""
 
 
 class Store(ABC):
@@ -215,6 +227,15 @@ class Store(ABC):
 
     async def _bump_fence(self, name: str) -> None:  # noqa: B027 - stores with a sequence need nothing
         """Advance the fencing counter of a just-freed ``name`` by one."""
+
+    async def server_time(self) -> float | None:
+        """The store's clock now, POSIX seconds; None for a store without a clock
+        of its own (SQLite and memory use this host's; etcd has no clock API)."""
+        return None
+
+    async def diagnose(self) -> list[Finding]:
+        """What this store's configuration means for the guarantees (``tenure doctor``)."""
+        return []
 
     async def warm_up(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Open connections ahead of first use (the renewer calls it as it starts).

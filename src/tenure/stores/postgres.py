@@ -74,7 +74,7 @@ import socket
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -84,7 +84,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from .._aio import shielded
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
-from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("PostgresStore", "schema_sql")
 
@@ -402,7 +402,9 @@ class PostgresStore(Store):
         if not any(key == "connect_timeout" for key, _ in rest):
             # libpq waits forever by default; its minimum is 2 seconds.
             rest.append(("connect_timeout", str(max(2, math.ceil(options.get("timeout", 2.0))))))
-        clean = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
+        clean = urlunsplit(
+            parts._replace(scheme="postgresql", query=urlencode(rest, quote_via=quote))
+        )
         return cls(clean, **options)
 
     def describe(self) -> str:
@@ -660,6 +662,28 @@ class PostgresStore(Store):
     async def release(self, name: str, token: str) -> bool:
         rows = await self._query(self._sql_release, (name, token, self._names.channel))
         return bool(rows and rows[0][0])
+
+    async def server_time(self) -> float | None:
+        rows = await self._query("SELECT extract(epoch FROM clock_timestamp())::float8", ())
+        return float(rows[0][0])
+
+    async def diagnose(self) -> list[Finding]:
+        rows = await self._query("SELECT current_setting('synchronous_commit')", ())
+        setting = rows[0][0]
+        if setting in ("off", "local"):
+            return [
+                Finding(
+                    "warn",
+                    f"synchronous_commit is {setting}: a server crash (or, with 'local', a "
+                    "failover to a replica) can lose the last grants, and their fencing tokens "
+                    "can be handed out again",
+                    "set synchronous_commit = on (or remote_apply with replicas) for tenure's "
+                    "user: ALTER ROLE ... SET synchronous_commit = on",
+                )
+            ]
+        return [
+            Finding("ok", f"synchronous_commit is {setting}: a committed grant survives a crash")
+        ]
 
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         rows = await self._query(self._sql_live_grant, (name,))

@@ -56,7 +56,7 @@ from redis.retry import Retry as BlockingRetry
 
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
-from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("RedisStore",)
 
@@ -112,6 +112,10 @@ def _evalsha(name: str, keys: Sequence[str], args: Sequence[str | int | float]) 
     parts += [key.encode() for key in keys]
     parts += [_encode(arg) for arg in args]
     return b"".join([b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _escape_glob(text: str) -> str:
@@ -423,6 +427,67 @@ class RedisStore(Store):
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         return sorted(infos, key=lambda info: info.name)
+
+    async def server_time(self) -> float | None:
+        seconds, micros = await self._call("time")
+        return int(seconds) + int(micros) / 1e6
+
+    async def diagnose(self) -> list[Finding]:
+        found = []
+        config: dict[str, str] = {}
+        try:
+            for name in ("maxmemory-policy", "appendonly", "appendfsync", "save"):
+                answer: Any = await self._client.config_get(name)
+                config.update({_text(k): _text(v) for k, v in answer.items()})
+        except _DRIVER_ERRORS as exc:
+            return [
+                Finding(
+                    "warn",
+                    f"could not read the server's configuration: {exc}",
+                    "allow CONFIG GET to tenure's user, or check these settings by hand",
+                )
+            ]
+        policy = config.get("maxmemory-policy", "")
+        if policy and policy != "noeviction":
+            found.append(
+                Finding(
+                    "unsafe",
+                    f"maxmemory-policy is {policy}: under memory pressure Redis evicts keys, "
+                    "leases included, and a held lock can be granted again",
+                    "set maxmemory-policy noeviction (or give tenure a Redis of its own)",
+                )
+            )
+        else:
+            found.append(Finding("ok", "maxmemory-policy is noeviction: leases are never evicted"))
+        appendonly = config.get("appendonly", "no")
+        fsync = config.get("appendfsync", "")
+        if appendonly != "yes":
+            save = config.get("save", "")
+            found.append(
+                Finding(
+                    "warn",
+                    "no append-only file"
+                    + (f" (snapshots only: save {save!r})" if save else " and no snapshots")
+                    + ": a restart forgets the leases, and another client can be granted a "
+                    "lock whose holder still runs until its next renewal (fencing tokens still "
+                    "increase)",
+                    "appendonly yes with appendfsync always keeps every grant across a restart",
+                )
+            )
+        elif fsync != "always":
+            found.append(
+                Finding(
+                    "warn",
+                    f"appendonly yes with appendfsync {fsync}: a crash can lose the last second "
+                    "of grants",
+                    "appendfsync always keeps every grant across a crash",
+                )
+            )
+        else:
+            found.append(
+                Finding("ok", "appendonly yes, appendfsync always: grants survive a restart")
+            )
+        return found
 
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         key = self._lease(name)

@@ -67,7 +67,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ConfigurationError, StoreUnavailable
-from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("SQLiteStore",)
 
@@ -77,6 +77,48 @@ _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
 _ABSTRACT_SOCKETS = sys.platform.startswith("linux")
 _POLL_FALLBACK = 0.010
 _FAR_FUTURE_NS = 2**62
+
+
+_NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "fuse.sshfs",
+        "9p",
+        "afs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "lustre",
+        "gpfs",
+        "fuse.s3fs",
+        "fuse.rclone",
+        "virtiofs",
+    }
+)
+
+
+def _filesystem(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the filesystem that holds ``path`` (Linux: from /proc/mounts)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    target = str(path.resolve())
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
 
 
 def _boot_id() -> str:
@@ -418,6 +460,34 @@ class SQLiteStore(Store):
         if rows and rows[0][0]:
             self._notify(rows[0][0].split(" "))
         return valid
+
+    async def diagnose(self) -> list[Finding]:
+        found = []
+        kind = _filesystem(self.path)
+        if kind in _NETWORK_FILESYSTEMS:
+            found.append(
+                Finding(
+                    "unsafe",
+                    f"{self.path} is on a network filesystem ({kind}): SQLite's locking is not "
+                    "reliable there, and expiry uses each host's own clock",
+                    "keep the database on a local disk of the one host whose processes share "
+                    "it; across hosts use Redis, PostgreSQL or etcd",
+                )
+            )
+        else:
+            found.append(
+                Finding("ok", f"{self.path} is on a local filesystem ({kind or 'unknown'})")
+            )
+        if self.synchronous == "NORMAL":
+            found.append(
+                Finding(
+                    "warn",
+                    "synchronous=normal: a power loss can lose the last grants, and their fencing "
+                    "tokens can be handed out again (every holder on the host died with it)",
+                    "add ?synchronous=full when fenced resources live on other hosts",
+                )
+            )
+        return found
 
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         now = time.monotonic_ns()
