@@ -23,6 +23,8 @@ Kinds (``Event.kind``):
                     ``detail``: the error
 ``task``            a scheduled task's run; ``detail``: ``ran``, ``skipped``,
                     ``failed``, ``lost`` or ``claimed_elsewhere``; ``seconds``: its duration
+``skew``            a scheduler found its clock off the store's by more than its
+                    ``skew_warning``; ``seconds``: its clock minus the store's
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ _LEVELS = {
     "lost": logging.WARNING,
     "renewal_failed": logging.WARNING,
     "unavailable": logging.WARNING,
+    "skew": logging.WARNING,
 }
 
 

@@ -17,6 +17,8 @@ Metrics (all prefixed ``tenure_``; ``lock`` and ``task`` labels are the names):
 ``task_runs_total``                counter    ``task``, ``outcome``: ran, skipped, failed,
                                               lost, claimed_elsewhere
 ``task_duration_seconds``          histogram  ``task``
+``clock_skew_seconds``             gauge      a scheduler's clock minus the store's, when
+                                              past its ``skew_warning``
 =================================  =========  ===========================================
 
 With many distinct lock names (one per user, per order...) pass
@@ -25,7 +27,7 @@ With many distinct lock names (one per user, per order...) pass
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from .events import Event
 
@@ -100,6 +102,13 @@ class PrometheusMetrics:
             registry=registry,
         )
 
+        self.skew = Gauge(
+            "clock_skew_seconds",
+            "A scheduler's clock minus the store's, as last reported past its bound.",
+            namespace=namespace,
+            registry=registry,
+        )
+
     def __call__(self, event: Event) -> None:
         kind = event.kind
         lock = event.name if self.lock_labels else ""
@@ -115,6 +124,9 @@ class PrometheusMetrics:
             self.lost.labels(lock).inc()
         elif kind == "renewal_failed":
             self.renewal_failures.inc()
+        elif kind == "skew":
+            if event.seconds is not None:
+                self.skew.set(event.seconds)
         elif kind == "task":
             self.task_runs.labels(event.name, event.detail or "").inc()
             if event.seconds is not None:

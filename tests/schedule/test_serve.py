@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -155,3 +156,46 @@ async def test_cancelling_serve_cancels_running_tasks(locks: LockService) -> Non
     with pytest.raises(asyncio.CancelledError):
         await serving
     assert await locks.store.holders("endless") == []
+
+
+async def test_clock_skew_against_the_store_is_measured_and_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tenure import Event
+
+    from ..conftest import redis_server
+
+    seen: list[Event] = []
+    async with LockService.from_url(redis_server().url) as locks:
+        locks.subscribe(seen.append)
+        ahead = Scheduler(locks, clock=lambda: time.time() + 5.0, prune=None)
+        ahead.add(lambda: None, "0 0 1 1 *", name="yearly")
+        in_sync = Scheduler(locks, prune=None)
+        in_sync.add(lambda: None, "0 0 1 1 *", name="yearly-too")
+        with caplog.at_level(logging.WARNING, logger="tenure.scheduler"):
+            for scheduler in (ahead, in_sync):
+                serving = asyncio.ensure_future(scheduler.serve())
+                await asyncio.sleep(0.3)
+                scheduler.stop()
+                await serving
+            ahead._judge_skew(5.1)  # a later measurement, barely changed: no repeat
+    assert ahead.skew is not None and 4.9 < ahead.skew < 5.2
+    assert in_sync.skew is not None and abs(in_sync.skew) < 0.5
+    warnings = [r.getMessage() for r in caplog.records if "clock is" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "5.0" in warnings[0] and "ahead of the store's" in warnings[0]
+    [skew] = [e for e in seen if e.kind == "skew"]
+    assert skew.seconds is not None and 4.9 < skew.seconds < 5.2
+
+
+async def test_no_skew_check_on_a_store_without_a_clock(locks: LockService) -> None:
+    scheduler = Scheduler(locks, prune=None)
+    scheduler.add(lambda: None, "0 0 1 1 *", name="yearly")
+    serving = asyncio.ensure_future(scheduler.serve())
+    await asyncio.sleep(0.2)
+    scheduler.stop()
+    await serving
+    if locks.store.scheme in ("sqlite", "memory", "etcd"):
+        assert scheduler.skew is None
+    else:
+        assert scheduler.skew is not None and abs(scheduler.skew) < 0.5

@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import InvalidArgument, LockLost
+from ..errors import InvalidArgument, LockLost, TenureError
+from ..events import Event
 from ..locks import LockService
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
 
@@ -46,6 +47,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PRUNE_TASK = "tenure.prune"
 MAX_SLEEP = 1.0
+SKEW_CHECK = 300.0
+"""Seconds between two measurements of this instance's clock against the store's."""
 
 
 def _seconds(value: object, what: str) -> float:
@@ -69,6 +72,7 @@ class Scheduler:
         keep_runs: int = DEFAULT_KEEP_RUNS,
         prune: str | None = "*/10 * * * *",
         listener: Callable[[str, float | None, str], None] | None = None,
+        skew_warning: float = 1.0,
     ) -> None:
         if not isinstance(locks, LockService):
             raise InvalidArgument(f"Scheduler needs a LockService, got {type(locks).__name__}")
@@ -78,6 +82,11 @@ class Scheduler:
         self.clock = clock
         self.misfire_grace = _seconds(misfire_grace, "misfire_grace")
         self.shutdown_timeout = _seconds(shutdown_timeout, "shutdown_timeout")
+        self.skew_warning = _seconds(skew_warning, "skew_warning")
+        self.skew: float | None = None
+        """This instance's clock minus the store's, in seconds, as last measured
+        (None before the first measurement, or for a store without a clock)."""
+        self._skew_said: float | None = None
         self.tasks = ScheduledTaskStore(locks, clock=clock, keep_runs=keep_runs, listener=listener)
         if prune is not None:
             self.tasks.add(self._prune, prune, name=PRUNE_TASK)
@@ -134,11 +143,53 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self.locks.start()
+        watching = asyncio.ensure_future(self._watch_skew())
         try:
             await self._timer_loop()
         finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
             await self._drain()
             self._loop = self._wake = None
+
+    async def _watch_skew(self) -> None:
+        """Measure this instance's clock against the store's now and every
+        SKEW_CHECK seconds; warn once past ``skew_warning``, again on change."""
+        while True:
+            try:
+                before = self.clock()
+                theirs = await self.locks.store.server_time()
+                after = self.clock()
+            except TenureError as exc:
+                log.debug("could not read the store's clock: %s", exc)
+            else:
+                if theirs is None:
+                    return  # SQLite, memory, etcd: no clock of the store's to compare
+                self._judge_skew((before + after) / 2 - theirs)
+            await asyncio.sleep(SKEW_CHECK)
+
+    def _judge_skew(self, skew: float) -> None:
+        self.skew = skew
+        said = self._skew_said
+        if abs(skew) > self.skew_warning:
+            if said is None or abs(skew - said) > self.skew_warning / 2:
+                self._skew_said = skew
+                log.warning(
+                    "this instance's clock is %.2f s %s the store's: it fires every occurrence "
+                    "that much %s. Each still runs once (the first instance to claim it runs "
+                    "it), so the instance most ahead runs them early; keep clocks in sync (NTP)",
+                    abs(skew),
+                    "ahead of" if skew > 0 else "behind",
+                    "early" if skew > 0 else "late",
+                )
+                hooks = self.locks._hooks
+                if hooks.hooks:
+                    hooks.emit(Event("skew", "", self.locks.holder, seconds=skew))
+        elif said is not None:
+            self._skew_said = None
+            log.info(
+                "this instance's clock is back within %.2f s of the store's", self.skew_warning
+            )
 
     async def _timer_loop(self) -> None:
         assert self._wake is not None
