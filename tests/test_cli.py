@@ -254,3 +254,25 @@ def test_doctor_on_postgres_and_etcd() -> None:
         done = tenure("doctor", "--url", url)
         assert done.returncode == 0, done.stdout + done.stderr
         assert expect in done.stdout
+
+
+async def test_tasks_with_the_app_shows_expressions_and_next_fire(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/app.db"
+    async with LockService.from_url(url) as locks:
+        from .helpers.cli_app import make
+
+        await make(locks).tasks.run("cli.tick", occurrence=120.0)
+    table = await asyncio.to_thread(
+        tenure, "tasks", "--url", url, "--app", "tests.helpers.cli_app:make"
+    )
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["task", "expression", "next", "fire", "(UTC)", "tz"]
+    assert lines[1].startswith("cli.tick") and "* * * * * *" in lines[1]
+    assert any("1970-01-01 00:02:00" in line and "ran" in line for line in lines)
+    assert all(len(line) <= 80 for line in lines)
+    listed = await asyncio.to_thread(tenure, "tasks", "--url", url, "--app", app, "--json")
+    shown = json.loads(listed.stdout)
+    [task] = shown["tasks"]
+    assert task["expression"] == "* * * * * *" and 0 < task["next_fire"] - time.time() <= 1.01
+    assert [r["outcome"] for r in shown["runs"]] == ["ran"]

@@ -174,7 +174,8 @@ def _load(target: str) -> Any:
     return obj
 
 
-async def _serve(target: str, url: str | None) -> None:
+def _scheduler(target: str, url: str | None) -> tuple[Scheduler, LockService]:
+    """The Scheduler that ``MODULE:ATTR`` names (or makes from a LockService on ``url``)."""
     obj = _load(target)
     if isinstance(obj, Scheduler):
         if url is not None:
@@ -191,6 +192,11 @@ async def _serve(target: str, url: str | None) -> None:
             raise ConfigurationError(f"{target}(locks) returned {scheduler!r}, not a Scheduler")
     else:
         raise ConfigurationError(f"{target} is neither a Scheduler nor a function making one")
+    return scheduler, locks
+
+
+async def _serve(target: str, url: str | None) -> None:
+    scheduler, locks = _scheduler(target, url)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, scheduler.stop)
@@ -201,12 +207,46 @@ async def _serve(target: str, url: str | None) -> None:
 # -- tasks --------------------------------------------------------------------
 
 
-async def _tasks(url: str, task: str | None, limit: int, as_json: bool) -> None:
-    async with LockService.from_url(url) as locks:
+def _definitions(scheduler: Scheduler | None, task: str | None) -> list[dict[str, Any]]:
+    if scheduler is None:
+        return []
+    now = time.time()
+    return [
+        {
+            "task": t.name,
+            "expression": t.schedule.expr,
+            "tz": str(t.schedule.tz),
+            "next_fire": t.schedule.next_after(now),
+            "exclusive": t.exclusive,
+        }
+        for t in scheduler.tasks
+        if task is None or t.name == task
+    ]
+
+
+async def _tasks(
+    url: str | None, task: str | None, limit: int, as_json: bool, app: str | None
+) -> None:
+    scheduler = None
+    if app is not None:
+        scheduler, locks = _scheduler(app, url)
+    else:
+        locks = LockService.from_url(_url(url))
+    async with locks:
         records = await locks.store.runs(task, limit)
+    defined = _definitions(scheduler, task)
     if as_json:
-        print(json.dumps([_record(r) for r in records], indent=2))
+        runs = [_record(r) for r in records]
+        print(json.dumps({"tasks": defined, "runs": runs} if app else runs, indent=2))
         return
+    if defined:
+        # 80 columns: task 24, expression 24, next fire 19 (UTC).
+        print(f"{'task':<24} {'expression':<24} {'next fire (UTC)':<19} {'tz'}")
+        for d in defined:
+            fire = datetime.fromtimestamp(d["next_fire"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+            line = f"{d['task'][:24]:<24} {d['expression'][:24]:<24} {fire:<19} {d['tz']}"
+            print(line[:80])
+        print()
     if not records:
         print("no run records")
         return
@@ -452,6 +492,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="your Scheduler (as for tenure run), to show each task's expression and next fire",
+    )
     p = sub.add_parser(
         "schema", help="print the SQL that creates tenure's PostgreSQL tables, to run by hand"
     )
@@ -483,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "doctor":
             return asyncio.run(_doctor(_url(args.url)))
         elif args.command == "tasks":
-            asyncio.run(_tasks(_url(args.url), args.task, args.limit, args.json))
+            asyncio.run(_tasks(args.url, args.task, args.limit, args.json, args.app))
         elif args.command == "schema":
             _schema(_url(args.url))
         elif args.command == "_instance":
