@@ -262,9 +262,8 @@ async def test_tasks_with_the_app_shows_expressions_and_next_fire(tmp_path: Path
         from .helpers.cli_app import make
 
         await make(locks).tasks.run("cli.tick", occurrence=120.0)
-    table = await asyncio.to_thread(
-        tenure, "tasks", "--url", url, "--app", "tests.helpers.cli_app:make"
-    )
+    app = "tests.helpers.cli_app:make"
+    table = await asyncio.to_thread(tenure, "tasks", "--url", url, "--app", app)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["task", "expression", "next", "fire", "(UTC)", "tz"]
