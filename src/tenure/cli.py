@@ -1,4 +1,4 @@
-"""The ``tenure`` command: demo, run, locks, release, tasks, doctor and schema."""
+"""The ``tenure`` command: demo, run, locks, release, tasks, doctor, web and schema."""
 
 from __future__ import annotations
 
@@ -430,6 +430,30 @@ async def _doctor(url: str) -> int:
     return 0
 
 
+# -- web ----------------------------------------------------------------------
+
+
+async def _web(url: str | None, host: str, port: int, app: str | None) -> None:
+    try:
+        import uvicorn
+
+        from .web import make_app
+    except ImportError as exc:
+        raise ConfigurationError(f"tenure web needs {exc.name}: pip install 'tenure[web]'") from exc
+    scheduler = None
+    if app is not None:
+        scheduler, locks = _scheduler(app, url)
+        store = locks.store
+    else:
+        store = store_from_url(_url(url))
+    config = uvicorn.Config(
+        make_app(store, scheduler), host=host, port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    print(f"tenure web on http://{host}:{port}/ ({store.describe()}); Ctrl-C stops it", flush=True)
+    await server.serve()
+
+
 # -- schema -------------------------------------------------------------------
 
 
@@ -487,6 +511,13 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", help="reachability, clock skew and settings that weaken the guarantees"
     )
     p.add_argument("--url")
+    p = sub.add_parser("web", help="a read-only page of tasks and holders that refreshes itself")
+    p.add_argument("--url")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    p.add_argument("--port", type=int, default=8477)
+    p.add_argument(
+        "--app", metavar="MODULE:ATTR", help="your Scheduler, for expressions and next fires"
+    )
     p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
     p.add_argument("--url")
     p.add_argument("--task")
@@ -525,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "add --force if you know its holder is gone"
                 )
             return asyncio.run(_force_release(_url(args.url), args.name, args.yes))
+        elif args.command == "web":
+            asyncio.run(_web(args.url, args.host, args.port, args.app))
         elif args.command == "doctor":
             return asyncio.run(_doctor(_url(args.url)))
         elif args.command == "tasks":
