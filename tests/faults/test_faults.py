@@ -435,7 +435,11 @@ def test_the_proxy_passes_delays_drops_and_resets() -> None:
         echo.close()
 
 
-@pytest.mark.parametrize("store", ["redis", "postgres", "etcd"])
+# Not etcd: there the holder's keep-alives, delayed as much as its release, keep
+# extending the lease until after the release arrives, so the fault does not
+# reliably happen (the stale release's compare-and-set is the contract suite's
+# test_stale_release_and_renew_are_no_ops[etcd]).
+@pytest.mark.parametrize("store", ["redis", "postgres"])
 def test_a_delayed_release_replayed_after_a_new_grant(store: str, tmp_path: Path) -> None:
     """The network holds the holder's renewals and its release back for longer
     than its TTL: the lease expires, another process is granted the lock, and
