@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -29,7 +30,7 @@ from .locks import LockService
 from .schedule import Scheduler
 from .stores import _mask
 from .stores import from_url as store_from_url
-from .stores.base import LeaseInfo, RunRecord
+from .stores.base import RunRecord
 
 __all__ = ("main",)
 
@@ -266,15 +267,9 @@ async def _tasks(
 
 
 def _record(r: RunRecord) -> dict[str, Any]:
-    return {
-        "task": r.task,
-        "fire_time": r.fire_time,
-        "instance": r.instance,
-        "started": r.started,
-        "ended": r.ended,
-        "outcome": r.outcome,
-        "error": r.error,
-    }
+    fields = dataclasses.asdict(r)
+    del fields["run_id"]  # an internal key of the record, not for scripts
+    return fields
 
 
 # -- locks --------------------------------------------------------------------
@@ -287,7 +282,7 @@ async def _locks(url: str, prefix: str, as_json: bool) -> None:
     finally:
         await store.aclose()
     if as_json:
-        print(json.dumps([_lease(i) for i in infos], indent=2))
+        print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
         return
     if not infos:
         print(f"no lock is held{f' with a name starting {prefix!r}' if prefix else ''}")
@@ -300,16 +295,6 @@ async def _locks(url: str, prefix: str, as_json: bool) -> None:
         at = _stamp(i.acquired_at) if i.acquired_at is not None else "?"
         print(f"{name:<22} {holder:<20} {i.fencing_token:>16} {at:<8} {i.expires_in:>7.1f}s")
     print(f"{len(infos)} held; times UTC")
-
-
-def _lease(i: LeaseInfo) -> dict[str, Any]:
-    return {
-        "name": i.name,
-        "holder": i.holder,
-        "fencing_token": i.fencing_token,
-        "acquired_at": i.acquired_at,
-        "expires_in": i.expires_in,
-    }
 
 
 # -- release --force --------------------------------------------------------------

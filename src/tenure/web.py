@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,16 +36,9 @@ async def state(store: Store, scheduler: Scheduler | None) -> dict[str, Any]:
     records = await store.runs(None, RUNS_SHOWN)
     by_task: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for r in records:
-        by_task[r.task].append(
-            {
-                "fire_time": r.fire_time,
-                "instance": r.instance,
-                "started": r.started,
-                "ended": r.ended,
-                "outcome": r.outcome,
-                "error": r.error,
-            }
-        )
+        run = dataclasses.asdict(r)
+        del run["run_id"]
+        by_task[r.task].append(run)
     defined: dict[str, dict[str, Any]] = {}
     if scheduler is not None:
         now = time.time()
@@ -70,16 +64,7 @@ async def state(store: Store, scheduler: Scheduler | None) -> dict[str, Any]:
     return {
         "store": store.describe(),
         "now": time.time(),
-        "holders": [
-            {
-                "name": h.name,
-                "holder": h.holder,
-                "fencing_token": h.fencing_token,
-                "acquired_at": h.acquired_at,
-                "expires_in": h.expires_in,
-            }
-            for h in holders
-        ],
+        "holders": [dataclasses.asdict(h) for h in holders],  # LeaseInfo: never a token
         "tasks": tasks,
     }
 

@@ -94,6 +94,21 @@ def _micros(seconds: float) -> bytes:
     return b"%020d" % round(seconds * 1e6)
 
 
+def _delete(key: bytes) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+
+def _read(key: bytes) -> Any:
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
+
+
+def _is(key: bytes, target: str, **compared: Any) -> Any:
+    """A transaction's condition: ``target`` (CREATE, VALUE, LEASE) of ``key`` equals."""
+    return rpc.Compare(
+        key=key, target=getattr(rpc.Compare, target), result=rpc.Compare.EQUAL, **compared
+    )
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).hexdigest().encode()
 
@@ -446,14 +461,7 @@ class EtcdStore(Store):
             with self._shared.guard:
                 self._shared.owned[token] = (name, lease.id)
             txn = rpc.TxnRequest(
-                compare=[
-                    rpc.Compare(
-                        key=lock_key,
-                        target=rpc.Compare.CREATE,
-                        result=rpc.Compare.EQUAL,
-                        create_revision=0,
-                    )
-                ],
+                compare=[_is(lock_key, "CREATE", create_revision=0)],
                 success=[
                     rpc.RequestOp(
                         request_put=rpc.PutRequest(
@@ -471,8 +479,8 @@ class EtcdStore(Store):
                 # Held: by whom? (Ourselves, when this is a resend of an
                 # acquire that was applied but whose answer was lost.)
                 failure=[
-                    rpc.RequestOp(request_range=rpc.RangeRequest(key=lock_key)),
-                    rpc.RequestOp(request_range=rpc.RangeRequest(key=token_key)),
+                    _read(lock_key),
+                    _read(token_key),
                 ],
             )
             sent = time.monotonic()
@@ -568,15 +576,8 @@ class EtcdStore(Store):
                 "Txn",
                 "kv",
                 rpc.TxnRequest(
-                    compare=[
-                        rpc.Compare(
-                            key=key,
-                            target=rpc.Compare.LEASE,
-                            result=rpc.Compare.EQUAL,
-                            lease=lease_id,
-                        )
-                    ],
-                    success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))],
+                    compare=[_is(key, "LEASE", lease=lease_id)],
+                    success=[_delete(key)],
                 ),
             )
 
@@ -588,17 +589,10 @@ class EtcdStore(Store):
                 "Txn",
                 "kv",
                 rpc.TxnRequest(
-                    compare=[
-                        rpc.Compare(
-                            key=token_key,
-                            target=rpc.Compare.VALUE,
-                            result=rpc.Compare.EQUAL,
-                            value=_digest(token),
-                        )
-                    ],
+                    compare=[_is(token_key, "VALUE", value=_digest(token))],
                     success=[
-                        rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=lock_key)),
-                        rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=token_key)),
+                        _delete(lock_key),
+                        _delete(token_key),
                     ],
                 ),
             )
@@ -621,21 +615,10 @@ class EtcdStore(Store):
             "Txn",
             "kv",
             rpc.TxnRequest(
-                compare=[
-                    rpc.Compare(
-                        key=lock_key,
-                        target=rpc.Compare.CREATE,
-                        result=rpc.Compare.EQUAL,
-                        create_revision=found[0].fencing_token,
-                    )
-                ],
+                compare=[_is(lock_key, "CREATE", create_revision=found[0].fencing_token)],
                 success=[
-                    rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=lock_key)),
-                    rpc.RequestOp(
-                        request_delete_range=rpc.DeleteRangeRequest(
-                            key=self._token_prefix + name.encode()
-                        )
-                    ),
+                    _delete(lock_key),
+                    _delete(self._token_prefix + name.encode()),
                 ],
             ),
         )
@@ -721,14 +704,7 @@ class EtcdStore(Store):
             "Txn",
             "kv",
             rpc.TxnRequest(
-                compare=[
-                    rpc.Compare(
-                        key=key,
-                        target=rpc.Compare.CREATE,
-                        result=rpc.Compare.EQUAL,
-                        create_revision=0,
-                    )
-                ],
+                compare=[_is(key, "CREATE", create_revision=0)],
                 success=[put],
                 failure=[
                     rpc.RequestOp(
@@ -742,7 +718,7 @@ class EtcdStore(Store):
                                 )
                             ],
                             success=[put],
-                            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
+                            failure=[_read(key)],
                         )
                     )
                 ],
@@ -786,10 +762,7 @@ class EtcdStore(Store):
                 "Txn",
                 "kv",
                 rpc.TxnRequest(
-                    success=[
-                        rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
-                        for key in extra[begin : begin + _MAX_TXN_OPS]
-                    ]
+                    success=[_delete(key) for key in extra[begin : begin + _MAX_TXN_OPS]]
                 ),
             )
         return len(extra)
