@@ -53,6 +53,8 @@ async def test_a_run_that_outlives_its_ttl_keeps_the_lock_and_later_occurrences_
     assert outcomes[0] == "ran", outcomes
     assert outcomes.count("ran") <= 2
     assert outcomes[1:4] == ["skipped"] * 3, outcomes
+    for skipped in records[1:4]:  # the record says why: who held the lock
+        assert skipped.error is not None and f"held by {locks.holder}" in skipped.error
     assert held_throughout
     assert all(held_throughout)
     fires = [r.fire_time or 0.0 for r in records]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validate import check_name, check_ttl
-from ..errors import InvalidArgument, LockLost
+from ..errors import InvalidArgument, LockLost, TenureError
 from ..events import Event
 from ..locks import LockService, Outcome, _is_async
 from ..stores.base import RunRecord
@@ -173,7 +173,8 @@ class ScheduledTaskStore:
             error = None
             result = RunOutcome.RAN if outcome is Outcome.RAN else RunOutcome.SKIPPED
             if outcome is Outcome.SKIPPED:
-                log.debug("task %r: the lock is held by another run, skipped", name)
+                error = await self._held_by(name)
+                log.debug("task %r skipped: %s", name, error)
             return outcome
         finally:
             self.counts[result] += 1
@@ -192,6 +193,19 @@ class ScheduledTaskStore:
                 await asyncio.shield(self.locks.store.record_run(finished, keep=self.keep_runs))
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
+
+    async def _held_by(self, name: str) -> str:
+        """Why a run was skipped, for its record: who held the task's lock."""
+        try:
+            held = [i for i in await self.locks.store.holders(name) if i.name == name]
+        except TenureError:
+            held = []
+        if not held:
+            return "its lock was held by another run (released since)"
+        return (
+            f"its lock was held by {held[0].holder} (fencing token {held[0].fencing_token}), "
+            "an earlier run still going"
+        )
 
     def _tell(
         self, name: str, occurrence: float | None, outcome: str, seconds: float | None
