@@ -77,6 +77,7 @@ from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 __all__ = ("EtcdStore",)
 
 _MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+_SEEN_MAX = 10_000  # contended names remembered for a wait that may follow
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -503,6 +504,8 @@ class EtcdStore(Store):
                 if not held_by or held_by[0].value != _digest(token):
                     with self._shared.guard:
                         self._shared.owned.pop(token, None)
+                    if len(self._seen) >= _SEEN_MAX:  # acquires that never waited
+                        self._seen.clear()
                     self._seen[name] = fence
                     return None
                 fence = int(answer.responses[0].response_range.kvs[0].create_revision)
@@ -553,7 +556,11 @@ class EtcdStore(Store):
         results = []
         for item, entry in zip(batch, where, strict=True):
             keys = alive.get(entry[1]) if entry is not None else None
-            results.append(keys is not None and self._token_prefix + item.name.encode() in keys)
+            ok = keys is not None and self._token_prefix + item.name.encode() in keys
+            if not ok:  # lost for good: the holder is told, and nothing renews it again
+                with self._shared.guard:
+                    self._shared.owned.pop(item.token, None)
+            results.append(ok)
         await self._sweep(alive)
         return results
 
