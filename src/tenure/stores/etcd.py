@@ -117,8 +117,6 @@ def _digest(token: str) -> bytes:
 @dataclass
 class _Lease:
     id: int
-    ttl: int
-    """Granted TTL in whole seconds (at least the TTL asked for)."""
     valid_until: float
     """Monotonic time before which etcd surely still has it (from the send
     time of the last confirmed grant or keep-alive)."""
@@ -425,7 +423,8 @@ class EtcdStore(Store):
         )
         if answer.error:
             raise StoreUnavailable(f"etcd at {self.describe()} refused a lease: {answer.error}")
-        lease = _Lease(int(answer.ID), int(answer.TTL), sent + int(answer.TTL))
+        # etcd grants at least the TTL asked for, in whole seconds.
+        lease = _Lease(int(answer.ID), sent + int(answer.TTL))
         with self._shared.guard:
             self._shared.leases[ttl] = lease
         return lease
@@ -446,10 +445,10 @@ class EtcdStore(Store):
             call.cancel()
         raise StoreUnavailable(f"etcd at {self.describe()} ended a keep-alive without answer")
 
-    def _forget_lease(self, lease: _Lease) -> None:
+    def _forget_lease(self, lease_id: int) -> None:
         with self._shared.guard:
             for ttl, known in list(self._shared.leases.items()):
-                if known.id == lease.id:
+                if known.id == lease_id:
                     del self._shared.leases[ttl]
 
     # -- locks -----------------------------------------------------------------
@@ -495,7 +494,7 @@ class EtcdStore(Store):
                 with self._shared.guard:
                     self._shared.owned.pop(token, None)
                 if isinstance(answer, StoreUnavailable) and "lease not found" in str(answer):
-                    self._forget_lease(lease)
+                    self._forget_lease(lease.id)
                     continue
                 raise answer
             fence = int(answer.header.revision)
@@ -511,7 +510,7 @@ class EtcdStore(Store):
                 fence = int(answer.responses[0].response_range.kvs[0].create_revision)
             if isinstance(alive, BaseException) or alive <= 0:
                 if not isinstance(alive, BaseException):
-                    self._forget_lease(lease)  # expired under us: the keys went with it
+                    self._forget_lease(lease.id)  # expired under us: the keys went with it
                     with self._shared.guard:
                         self._shared.owned.pop(token, None)
                     continue
@@ -552,7 +551,7 @@ class EtcdStore(Store):
                 if lease_id in leases:
                     leases[lease_id].valid_until = max(leases[lease_id].valid_until, sent + ttl)
             else:
-                self._forget_lease(_Lease(lease_id, 0, 0))
+                self._forget_lease(lease_id)
         results = []
         for item, entry in zip(batch, where, strict=True):
             keys = alive.get(entry[1]) if entry is not None else None
