@@ -28,6 +28,7 @@ from typing import IO, Any
 from .errors import ConfigurationError, StoreUnavailable, TenureError
 from .locks import LockService
 from .schedule import Scheduler
+from .schedule.scheduler import SKEW_WARNING
 from .stores import _mask
 from .stores import from_url as store_from_url
 from .stores.base import RunRecord
@@ -303,7 +304,7 @@ async def _locks(url: str, prefix: str, as_json: bool) -> None:
 async def _force_release(url: str, name: str, yes: bool) -> int:
     store = store_from_url(url)
     try:
-        info = next((i for i in await store.holders(name) if i.name == name), None)
+        info = await store.holder_of(name)
         if info is None:
             print(f"lock {name!r} is not held: nothing to free")
             return 1
@@ -348,9 +349,6 @@ async def _force_release(url: str, name: str, yes: bool) -> int:
 
 
 # -- doctor -------------------------------------------------------------------
-
-SKEW_WARNING = 1.0
-"""Seconds of clock skew between this host and the store past which doctor warns."""
 
 
 def _say(level: str, text: str, fix: str = "") -> None:

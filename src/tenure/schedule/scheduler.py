@@ -47,6 +47,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PRUNE_TASK = "tenure.prune"
 MAX_SLEEP = 1.0
+SKEW_WARNING = 1.0
+"""Seconds of clock skew against the store past which the scheduler (and ``tenure
+doctor``) warns."""
 SKEW_CHECK = 300.0
 """Seconds between two measurements of this instance's clock against the store's."""
 
@@ -72,7 +75,7 @@ class Scheduler:
         keep_runs: int = DEFAULT_KEEP_RUNS,
         prune: str | None = "*/10 * * * *",
         listener: Callable[[str, float | None, str], None] | None = None,
-        skew_warning: float = 1.0,
+        skew_warning: float = SKEW_WARNING,
     ) -> None:
         if not isinstance(locks, LockService):
             raise InvalidArgument(f"Scheduler needs a LockService, got {type(locks).__name__}")

@@ -197,13 +197,13 @@ class ScheduledTaskStore:
     async def _held_by(self, name: str) -> str:
         """Why a run was skipped, for its record: who held the task's lock."""
         try:
-            held = [i for i in await self.locks.store.holders(name) if i.name == name]
+            held = await self.locks.store.holder_of(name)
         except TenureError:
-            held = []
-        if not held:
+            held = None
+        if held is None:
             return "its lock was held by another run (released since)"
         return (
-            f"its lock was held by {held[0].holder} (fencing token {held[0].fencing_token}), "
+            f"its lock was held by {held.holder} (fencing token {held.fencing_token}), "
             "an earlier run still going"
         )
 

@@ -196,6 +196,10 @@ class Store(ABC):
         atomic step; live leases and occurrence claims are never touched.
         """
 
+    async def holder_of(self, name: str) -> LeaseInfo | None:
+        """The live lease of exactly ``name`` (``holders`` matches a prefix), or None."""
+        return next((i for i in await self.holders(name) if i.name == name), None)
+
     async def force_release(self, name: str) -> LeaseInfo | None:
         """Free ``name`` whoever holds it: an operator's action on a stale lock.
 

@@ -613,22 +613,22 @@ class EtcdStore(Store):
         # The token is only a digest here, so the compare is on the grant's
         # create revision (its fencing token) instead; the deletion's own
         # revision is larger than every earlier fencing token.
-        found = [info for info in await self.holders(name) if info.name == name]
-        if not found:
+        found = await self.holder_of(name)
+        if found is None:
             return None
         lock_key = self._lock_prefix + name.encode()
         answer = await self._call(
             "Txn",
             "kv",
             rpc.TxnRequest(
-                compare=[_is(lock_key, "CREATE", create_revision=found[0].fencing_token)],
+                compare=[_is(lock_key, "CREATE", create_revision=found.fencing_token)],
                 success=[
                     _delete(lock_key),
                     _delete(self._token_prefix + name.encode()),
                 ],
             ),
         )
-        return found[0] if answer.succeeded else None
+        return found if answer.succeeded else None
 
     async def wait_released(self, name: str, timeout: float) -> None:
         key = self._lock_prefix + name.encode()
