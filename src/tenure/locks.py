@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from . import _validate
 from ._aio import shielded as _shielded
+from ._tokens import new_token
 from .errors import LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer
@@ -76,7 +77,7 @@ class Lock(LeaseState):
     ) -> None:
         # One object per grant: the lock is its own lease state, which the
         # renewer shares (see renewer.LeaseState for the fields).
-        LeaseState.__init__(self, name, token, ttl, sent)
+        LeaseState.__init__(self, name, token, ttl, sent, service._renewer.lease_guard)
         self._service = service
         self.fencing_token = fence
         self.acquired_at = sent
@@ -311,7 +312,9 @@ class LockService:
             self.start()
         if self._hooks.hooks:
             return await self._acquire_observed(name, ttl, wait)
-        return await self._acquire(name, ttl, wait)
+        if wait:
+            return await self._acquire(name, ttl, wait)
+        return await self._try_acquire(name, ttl)
 
     async def _acquire(self, name: str, ttl: float, wait: float) -> Lock | None:
         lock = await self._try_acquire(name, ttl)
@@ -342,17 +345,12 @@ class LockService:
         return lock
 
     async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
-        token = os.urandom(16).hex()  # 128 bits from the OS CSPRNG, as secrets uses
+        token = new_token()
         sent = time.monotonic()
         try:
             grant = await self.store.acquire(name, token, ttl, self.holder)
         except asyncio.CancelledError:
-            # The store may have granted it before we stopped listening; the
-            # token is ours alone, so releasing it is safe either way.
-            task = asyncio.ensure_future(self.store.release(name, token))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-            task.add_done_callback(_ignore_result)
+            self._release_abandoned(name, token)
             raise
         if grant is None:
             return None
@@ -360,6 +358,14 @@ class LockService:
         self._held.add(lock)
         self._renewer.add(lock)
         return lock
+
+    def _release_abandoned(self, name: str, token: str) -> None:
+        """An acquire was cancelled: the store may have granted it before we
+        stopped listening. The token is ours alone, so releasing it is safe."""
+        task = asyncio.ensure_future(self.store.release(name, token))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_ignore_result)
 
     async def run_exclusively(
         self,

@@ -214,3 +214,73 @@ async def test_waiting_flag_follows_the_waiters(tmp_path: Path) -> None:
     store._run(store._sql_unwait, ("tenure-test-addr",))
     assert flag("g") == 0
     await store.aclose()
+
+
+def _wal_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+async def _cycles(store: SQLiteStore, n: int) -> None:
+    for i in range(n):
+        token = f"{i:032x}"
+        assert await store.acquire("churn", token, 30, "me") is not None
+        assert await store.release("churn", token) is True
+
+
+async def test_checkpoints_run_on_a_thread_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's thread copies the WAL into the database; the callers' commits never do
+    until the WAL passes the backstop, which bounds it under sustained writes."""
+    from tenure.stores import sqlite as module
+
+    monkeypatch.setattr(module, "_INLINE_CHECKPOINT_PAGES", 800)
+    path = tmp_path / "wal.db"
+    store = SQLiteStore(path)
+    conn = store._conn()
+    assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 800
+    await _cycles(store, 300)  # 600 commits: under the backstop
+    checkpointer = store._checkpointer
+    assert checkpointer.done >= 1
+    assert checkpointer.copied > 0, "SQLite reports frames copied by the store's thread"
+    await _cycles(store, 1500)  # 3000 commits of a 4 KB page each: 12 MB were none copied
+    assert _wal_bytes(path) < 1200 * 4096, "the WAL stays near the backstop, not 3000 frames"
+    thread = checkpointer._thread
+    assert thread is not None and thread.is_alive()
+    await store.aclose()
+    assert not thread.is_alive(), "aclose stops the checkpoint thread"
+
+
+async def test_callers_checkpoint_when_the_thread_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tenure.stores import sqlite as module
+
+    requests: list[int] = []
+    monkeypatch.setattr(module._Checkpointer, "request", lambda self: requests.append(1))
+    monkeypatch.setattr(module, "_INLINE_CHECKPOINT_PAGES", 100)
+    path = tmp_path / "backstop.db"
+    store = SQLiteStore(path)
+    await _cycles(store, 1000)
+    assert requests, "the thread was asked, and did nothing"
+    assert _wal_bytes(path) < 200 * 4096, "the callers' commits checkpointed past 100 pages"
+    await store.aclose()
+
+
+async def test_checkpoint_thread_of_a_dropped_store_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from tenure.stores import sqlite as module
+
+    monkeypatch.setattr(module._Checkpointer, "_IDLE_EXIT", 0.05)
+    store = SQLiteStore(tmp_path / "dropped.db")
+    await _cycles(store, module._CHECKPOINT_EVERY)
+    thread = store._checkpointer._thread
+    assert thread is not None and thread.is_alive()
+    del store
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive(), "nothing keeps the store alive, so its thread ends"

@@ -35,7 +35,7 @@ from typing import ClassVar
 __all__ = ("Finding", "Grant", "LeaseInfo", "RenewItem", "RunRecord", "Store")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made on every acquire, and frozen costs twice as much
 class Grant:
     """A successful acquisition."""
 
