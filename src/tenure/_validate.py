@@ -25,7 +25,15 @@ DEFAULT_TTL = 30.0
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
+_valid_names: set[str] = set()
+"""Names that passed, so that an application's few hot names skip the checks;
+emptied when it grows past _KNOWN_NAMES (names made of ids need not stay)."""
+_KNOWN_NAMES = 4096
+
+
 def check_name(name: object, what: str = "lock name") -> str:
+    if name.__class__ is str and name in _valid_names:
+        return name
     if not isinstance(name, str):
         raise InvalidArgument(f"{what} must be a str, got {type(name).__name__} {name!r}")
     if not name:
@@ -41,6 +49,9 @@ def check_name(name: object, what: str = "lock name") -> str:
             f"{what} {name!r} holds the control character {bad.group()!r}; "
             "use printable characters only"
         )
+    if len(_valid_names) >= _KNOWN_NAMES:
+        _valid_names.clear()
+    _valid_names.add(name)
     return name
 
 

@@ -25,7 +25,7 @@ from .errors import LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer
 from .stores import from_url as store_from_url
-from .stores.base import Store
+from .stores.base import Grant, Store
 
 __all__ = ("Lock", "LockService", "Outcome", "current_lock")
 
@@ -121,11 +121,27 @@ class Lock(LeaseState):
         """
         if self.released:
             return False
+        was_held = self._leave()
+        return self._left(was_held, await self._service.store.release(self.name, self.token))
+
+    def release_now(self) -> bool:
+        """``release()`` as a plain call, for a store that completes at once
+        (``Store.completes_at_once``): the blocking API's path."""
+        if self.released:
+            return False
+        was_held = self._leave()
+        return self._left(was_held, self._service.store.release_now(self.name, self.token))
+
+    def _leave(self) -> bool:
+        """The local half of a release: stop renewing; whether it was still held."""
         was_held = self.mark_released()
         service = self._service
         service._held.discard(self)
         service._renewer.discard(self)
-        in_store = await service.store.release(self.name, self.token)
+        return was_held
+
+    def _left(self, was_held: bool, in_store: bool) -> bool:
+        service = self._service
         if service._hooks.hooks:
             service._hooks.emit(
                 Event(
@@ -302,6 +318,34 @@ class LockService:
         itself or by the holder's lease running out. Raises StoreUnavailable when
         the store cannot be reached; it never returns a lock it does not have.
         """
+        ttl, wait = self._admit(name, ttl, wait)
+        if self._hooks.hooks:
+            return await self._acquire_observed(name, ttl, wait)
+        if wait:
+            return await self._acquire(name, ttl, wait)
+        return await self._try_acquire(name, ttl)
+
+    def acquire_now(self, name: str, *, ttl: float = _validate.DEFAULT_TTL) -> Lock | None:
+        """``acquire(name, ttl=ttl)`` as a plain call, for a store that completes
+        at once (``Store.completes_at_once``): the blocking API's path."""
+        ttl = self._admit(name, ttl, 0.0)[0]
+        if not self.store.completes_at_once:
+            raise TenureError(f"{self.store.describe()} needs acquire(), not acquire_now()")
+        token = new_token()
+        sent = time.monotonic()
+        try:
+            grant = self.store.acquire_now(name, token, ttl, self.holder)
+        except StoreUnavailable as exc:
+            if self._hooks.hooks:
+                self._hooks.emit(Event("unavailable", name, self.holder, detail=str(exc)))
+            raise
+        lock = self._granted(name, token, ttl, sent, grant)
+        if self._hooks.hooks:
+            self._observed(name, lock, time.monotonic() - sent)
+        return lock
+
+    def _admit(self, name: str, ttl: float, wait: float) -> tuple[float, float]:
+        """Check an acquire's arguments and the service's state; start the renewer."""
         _validate.check_name(name)
         ttl = _validate.check_ttl(ttl)
         if wait.__class__ is not float or wait != 0.0:  # the default needs no checking
@@ -310,11 +354,7 @@ class LockService:
             raise TenureError("this LockService is closed; make a new one")
         if self._renewer._thread is None or self._forked:
             self.start()
-        if self._hooks.hooks:
-            return await self._acquire_observed(name, ttl, wait)
-        if wait:
-            return await self._acquire(name, ttl, wait)
-        return await self._try_acquire(name, ttl)
+        return ttl, wait
 
     async def _acquire(self, name: str, ttl: float, wait: float) -> Lock | None:
         lock = await self._try_acquire(name, ttl)
@@ -337,12 +377,14 @@ class LockService:
         except StoreUnavailable as exc:
             self._hooks.emit(Event("unavailable", name, self.holder, detail=str(exc)))
             raise
-        took = time.monotonic() - started
+        self._observed(name, lock, time.monotonic() - started)
+        return lock
+
+    def _observed(self, name: str, lock: Lock | None, took: float) -> None:
         if lock is None:
             self._hooks.emit(Event("contended", name, self.holder, seconds=took))
         else:
             self._hooks.emit(Event("acquired", name, self.holder, lock.fencing_token, seconds=took))
-        return lock
 
     async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
         token = new_token()
@@ -352,6 +394,11 @@ class LockService:
         except asyncio.CancelledError:
             self._release_abandoned(name, token)
             raise
+        return self._granted(name, token, ttl, sent, grant)
+
+    def _granted(
+        self, name: str, token: str, ttl: float, sent: float, grant: Grant | None
+    ) -> Lock | None:
         if grant is None:
             return None
         lock = Lock(self, name, token, ttl, sent=sent, fence=grant.fencing_token)

@@ -3,8 +3,10 @@
 Every lock a service holds is a :class:`LeaseState` registered here. The
 renewer runs on a thread of its own, with its own event loop and its own store
 connection (``store.sibling()``), so a busy or blocked application loop cannot
-starve it. It keeps the leases in a heap ordered by their next renewal time
-and, when the earliest is due, renews in one store call every lease due within
+starve it. An acquire only appends its lease to a queue of arrivals, which the
+renewer's thread alone sorts into a heap ordered by next renewal time (most
+short locks are released before that and never enter it). When the earliest
+is due, it renews in one store call every lease due within
 a third of that lease's renewal interval: leases acquired at different moments
 fall into a few cohorts, so 10,000 locks cost a handful of round trips per
 interval rather than 10,000.
@@ -29,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from .stores.base import RenewItem, Store
@@ -36,6 +39,10 @@ from .stores.base import RenewItem, Store
 __all__ = ("LeaseState", "Renewer", "safety_margin")
 
 log = logging.getLogger("tenure.renewer")
+
+MAX_ARRIVALS = 2048
+"""Leases acquired since the renewer last looked, past which it is woken to
+sort them in: most are released by then, and their objects are let go."""
 
 MAX_BATCH = 2500
 """Leases per store call: large enough that 10,000 locks take four calls, small
@@ -224,13 +231,18 @@ class Renewer:
     ) -> None:
         self._store = store
         self._on_failure = on_failure
-        self._guard = threading.Lock()
         self.lease_guard = threading.Lock()
         """The guard of every LeaseState renewed here (LeaseState.guard)."""
+        self._arrivals: deque[LeaseState] = deque()
+        """Appended to by any thread; emptied by the renewer's thread only."""
         self._heap: list[tuple[float, int, LeaseState]] = []
+        """The renewer's thread's alone: no guard."""
         self._seq = itertools.count()
         self._next_wake = math.inf
-        self._dead = 0
+        self._drain_asked = False
+        self._released = 0
+        self._phantom = math.inf
+        """When the earliest lease released unseen would have been due: a wake-up kept."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -275,28 +287,33 @@ class Renewer:
         self._thread = None
 
     def add(self, state: LeaseState) -> None:
-        """Start renewing ``state``; safe from any thread."""
-        with self._guard:
-            heapq.heappush(self._heap, (state.renew_at, next(self._seq), state))
-            poke = state.renew_at < self._next_wake
-            if poke:
-                self._next_wake = state.renew_at
-        if poke and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._poke)
-            except RuntimeError:
-                pass
+        """Start renewing ``state``; safe from any thread, and takes no lock.
+
+        The append comes before the read of ``_next_wake``: either the renewer
+        sees this lease when it settles on a wake-up time (``_settle`` looks at
+        the arrivals after publishing it), or this read sees that time.
+        """
+        arrivals = self._arrivals
+        arrivals.append(state)
+        if state.renew_at < self._next_wake:
+            self._poke_from_outside()
+        elif len(arrivals) > MAX_ARRIVALS and not self._drain_asked:
+            self._drain_asked = True
+            self._poke_from_outside()
 
     def discard(self, state: LeaseState) -> None:
-        """Note that ``state`` was released; its heap entry is dropped lazily."""
-        # The count only decides when to compact, so a lost update between
-        # threads costs nothing; the guard is taken only to compact.
-        self._dead += 1
-        if self._dead > 1024 and self._dead * 2 > len(self._heap):
-            with self._guard:
-                self._heap = [entry for entry in self._heap if not _dead(entry[2])]
-                heapq.heapify(self._heap)
-                self._dead = 0
+        """Note that ``state`` was released: its entry is dropped when next seen."""
+        # Only a hint of when to compact the heap: an update lost between
+        # threads costs nothing.
+        self._released += 1
+
+    def _poke_from_outside(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._poke)
+            except RuntimeError:  # the renewer's loop is closed: it is stopping
+                pass
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -335,41 +352,64 @@ class Renewer:
             if store is not self._store:
                 await store.aclose()
 
-    def _take_due(self, now: float) -> tuple[list[LeaseState], float]:
+    def _sort_in(self, now: float) -> None:
+        """Move the arrivals into the heap, leaving out those already released."""
+        arrivals, heap, seq = self._arrivals, self._heap, self._seq
+        self._drain_asked = False
+        if self._phantom <= now:
+            self._phantom = math.inf
+        for _ in range(len(arrivals)):  # adds may go on meanwhile: take what was there
+            state = arrivals.popleft()
+            if not _dead(state):
+                heapq.heappush(heap, (state.renew_at, next(seq), state))
+            elif now < state.renew_at < self._phantom:
+                # A released lease still sets the timer it would have set: the
+                # next acquire then finds a wake-up before its own renewal and
+                # need not wake this thread (which costs more than a grant).
+                self._phantom = state.renew_at
+        if self._released > 1024 and self._released * 2 > len(heap):
+            self._heap = [entry for entry in heap if not _dead(entry[2])]
+            heapq.heapify(self._heap)
+            self._released = 0
+
+    def _settle(self, now: float) -> tuple[list[LeaseState], float]:
         """Pop the batch that is due, or return none and the time to wake up."""
+        self._sort_in(now)
+        heap = self._heap
+        # Dead entries in the heap are dropped only once due (or by a
+        # compaction), for the same reason as the phantom timer above.
+        while heap and heap[0][0] <= now and _dead(heap[0][2]):
+            heapq.heappop(heap)
+        if not heap or heap[0][0] > now:
+            wake_at = min(heap[0][0] if heap else math.inf, self._phantom)
+            self._next_wake = wake_at
+            assert self._wake is not None
+            self._wake.clear()
+            # An add that appended before _next_wake was published compared
+            # against the old value: look for one due sooner than this wake-up.
+            if any(state.renew_at < wake_at for state in list(self._arrivals)):
+                return [], now
+            return [], wake_at
+        horizon = now + renew_interval(heap[0][2].ttl) / 3
         batch: list[LeaseState] = []
-        with self._guard:
-            heap = self._heap
-            # Dead entries are dropped only once due: a released lease's slot
-            # keeps the renewer's timer where it was, so the next acquire does
-            # not have to wake this thread (a wake-up costs more than a grant).
-            while heap and heap[0][0] <= now and _dead(heap[0][2]):
-                heapq.heappop(heap)
-            if not heap or heap[0][0] > now:
-                self._next_wake = heap[0][0] if heap else math.inf
-                assert self._wake is not None
-                self._wake.clear()
-                return batch, self._next_wake
-            horizon = now + renew_interval(heap[0][2].ttl) / 3
-            while heap and heap[0][0] <= horizon and len(batch) < MAX_BATCH:
-                state = heapq.heappop(heap)[2]
-                if not _dead(state):
-                    batch.append(state)
-            # Busy with this batch: no need to be poked; we look again right after.
-            self._next_wake = -math.inf
+        while heap and heap[0][0] <= horizon and len(batch) < MAX_BATCH:
+            state = heapq.heappop(heap)[2]
+            if not _dead(state):
+                batch.append(state)
+        # Busy with this batch: no need to be poked; we look again right after.
+        self._next_wake = -math.inf
         return batch, now
 
     def _push(self, states: list[LeaseState]) -> None:
-        with self._guard:
-            for state in states:
-                if not _dead(state):
-                    heapq.heappush(self._heap, (state.renew_at, next(self._seq), state))
+        for state in states:
+            if not _dead(state):
+                heapq.heappush(self._heap, (state.renew_at, next(self._seq), state))
 
     async def _run(self, store: Store) -> None:
         assert self._wake is not None
         while not self._stopping:
             now = time.monotonic()
-            batch, wake_at = self._take_due(now)
+            batch, wake_at = self._settle(now)
             if not batch:
                 timeout = None if math.isinf(wake_at) else max(0.0, wake_at - now)
                 try:

@@ -189,7 +189,9 @@ class Lock:
 
     def release(self) -> bool:
         """Give the lock back: True only when it was still valid, locally and in the store."""
-        return self._service._run(self._lock.release())
+        if self._service._core.store.completes_at_once:
+            return self._lock.release_now()
+        return self._service._portal.call(self._lock.release())
 
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the lock is no longer held (lost or released), or ``timeout``.
@@ -293,9 +295,13 @@ class LockService:
         As the asyncio ``acquire``: returns at once on contention unless
         ``wait`` seconds are given, woken by the release itself.
         """
-        coro = self._core.acquire(name, ttl=ttl, wait=wait)
-        # Waiting needs the store's waiters, which live on the loop thread.
-        lock = self._run(coro) if wait == 0 else self._portal.call(coro)
+        core = self._core
+        if wait == 0 and core.store.completes_at_once:
+            lock = core.acquire_now(name, ttl=ttl)  # no coroutine to drive: the fast path
+        else:
+            coro = core.acquire(name, ttl=ttl, wait=wait)
+            # Waiting needs the store's waiters, which live on the loop thread.
+            lock = self._run(coro) if wait == 0 else self._portal.call(coro)
         return None if lock is None else Lock(self, lock)
 
     def run_exclusively(

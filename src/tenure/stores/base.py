@@ -107,9 +107,11 @@ class Store(ABC):
 
     completes_at_once: ClassVar[bool] = False
     """True when :meth:`acquire` and :meth:`release` never suspend and need no
-    running event loop (their I/O is synchronous and short, as SQLite's is):
-    the blocking API (``tenure.sync``) then runs them on the caller's thread
-    instead of handing them to its event-loop thread."""
+    running event loop (their I/O is synchronous and short, as SQLite's is).
+    Such a store also offers them as plain calls, :meth:`acquire_now` and
+    :meth:`release_now` (the async methods call those), which the blocking
+    API (``tenure.sync``) makes on the caller's thread: no event loop, no
+    coroutine."""
 
     @classmethod
     @abstractmethod
@@ -247,6 +249,14 @@ class Store(ABC):
         Never raises: a store that cannot be reached now says so at its first
         real call.
         """
+
+    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        """:meth:`acquire` as a plain call; only where ``completes_at_once`` is set."""
+        raise NotImplementedError(f"{type(self).__name__} has no plain-call acquire")
+
+    def release_now(self, name: str, token: str) -> bool:
+        """:meth:`release` as a plain call; only where ``completes_at_once`` is set."""
+        raise NotImplementedError(f"{type(self).__name__} has no plain-call release")
 
     def for_blocking(self) -> Store:
         """The store that blocking callers (``tenure.sync``) should use.

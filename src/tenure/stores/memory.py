@@ -80,6 +80,9 @@ class MemoryStore(Store):
         return f"memory://{self.name}"
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        return self.acquire_now(name, token, ttl, holder)
+
+    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
         now = time.monotonic()
         with self._mutex:
             lease = self._leases.get(name)
@@ -104,6 +107,9 @@ class MemoryStore(Store):
         return results
 
     async def release(self, name: str, token: str) -> bool:
+        return self.release_now(name, token)
+
+    def release_now(self, name: str, token: str) -> bool:
         now = time.monotonic()
         with self._mutex:
             lease = self._leases.get(name)

@@ -596,10 +596,16 @@ class _BlockingRedisStore(RedisStore):
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        return self.acquire_now(name, token, ttl, holder)
+
+    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
         fence = self._blocking_script("acquire", *self._acquire_call(name, token, ttl, holder))
         return None if fence is None else Grant(int(fence))
 
     async def release(self, name: str, token: str) -> bool:
+        return self.release_now(name, token)
+
+    def release_now(self, name: str, token: str) -> bool:
         keys, args = (self._lease(name),), (token, self._channel(name))
         return bool(self._blocking_script("release", keys, args))
 

@@ -41,6 +41,9 @@ How it stays correct
   another machine that saw such a token could then reject the new holder's
   equal token. Use ``synchronous=full`` (one fsync per grant) when fenced
   resources live off this host.
+* **Small pages.** A new database file gets 1 KB pages (``PAGE_SIZE``), not
+  SQLite's default 4 KB: each commit appends its changed pages to the WAL,
+  and a lease row is far smaller than either.
 * **Checkpoints off the callers' threads.** In WAL mode every commit appends
   to the ``-wal`` file, and by default the commit that takes it past 1000
   pages copies it back into the database and fsyncs both: a stall of
@@ -85,6 +88,11 @@ __all__ = ("SQLiteStore",)
 log = logging.getLogger("tenure.sqlite")
 
 SCHEMA_VERSION = 1
+PAGE_SIZE = 1024
+"""Of a database file tenure creates. A grant or release rewrites one small
+row, and every commit appends the pages it changed to the WAL: at a quarter
+of SQLite's default 4 KB, each cycle writes and checksums a quarter of the
+bytes (about a fifth less time per acquire+release; see bench/sqlite_cycle.py)."""
 APPLICATION_ID = 0x74656E75  # "tenu": marks a database file that tenure created
 _PREFIX_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
 _ABSTRACT_SOCKETS = sys.platform.startswith("linux")
@@ -412,6 +420,9 @@ class SQLiteStore(Store):
     def _prepare(self, conn: sqlite3.Connection) -> None:
         p = self.prefix
         conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        # Only a file not yet created takes it (before WAL mode is set); an
+        # existing file keeps its page size, which works as well, if slower.
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         if app_id not in (0, APPLICATION_ID):
             raise ConfigurationError(
@@ -525,6 +536,9 @@ class SQLiteStore(Store):
     # -- the contract --------------------------------------------------------
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        return self.acquire_now(name, token, ttl, holder)
+
+    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
         params = (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time())
         cur = self._cursor()
         try:
@@ -548,6 +562,9 @@ class SQLiteStore(Store):
         return [(item.name, item.token) in renewed for item in batch]
 
     async def release(self, name: str, token: str) -> bool:
+        return self.release_now(name, token)
+
+    def release_now(self, name: str, token: str) -> bool:
         now = time.monotonic_ns()
         try:
             alone = self._cursor().execute(self._sql_release_alone, (name, token, now)).rowcount
