@@ -296,6 +296,10 @@ class Renewer:
         arrivals = self._arrivals
         arrivals.append(state)
         if state.renew_at < self._next_wake:
+            # Until the renewer looks, later adds need not poke it again (it
+            # only gets the GIL back every few milliseconds). Its own next
+            # wake-up, once published, overwrites this.
+            self._next_wake = state.renew_at
             self._poke_from_outside()
         elif len(arrivals) > MAX_ARRIVALS and not self._drain_asked:
             self._drain_asked = True
