@@ -555,11 +555,11 @@ class SQLiteStore(Store):
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         if not batch:
             return []
-        payload = json.dumps([[item.name, item.token, int(item.ttl * 1e9)] for item in batch])
+        payload = json.dumps([(name, token, int(ttl * 1e9)) for name, token, ttl in batch])
         rows = self._run(self._sql_renew, (time.monotonic_ns(), payload))
         self._wrote()
-        renewed = {(row[0], row[1]) for row in rows}
-        return [(item.name, item.token) in renewed for item in batch]
+        renewed = set(map(tuple, rows))
+        return [(name, token) in renewed for name, token, _ttl in batch]
 
     async def release(self, name: str, token: str) -> bool:
         return self.release_now(name, token)
