@@ -24,3 +24,25 @@ async def shielded(awaitable: Awaitable[T]) -> T:
     if cancelled is not None:
         raise cancelled
     return result
+
+
+async def woken_within(future: asyncio.Future[None], timeout: float) -> None:
+    """Wait for a wake-up future of our own, at most ``timeout`` seconds.
+
+    ``asyncio.wait_for`` would cost a handoff two more turns of the event loop
+    (its inner waiter and callback); here the timer settles the future itself,
+    which only its waiter reads. Cancelling the caller cancels the future.
+    """
+    if future.done():
+        return
+    timer = asyncio.get_running_loop().call_later(timeout, settle, future)
+    try:
+        await future
+    finally:
+        timer.cancel()
+
+
+def settle(future: asyncio.Future[None]) -> None:
+    """Resolve a wake-up future unless it is done (woken, timed out or cancelled)."""
+    if not future.done():
+        future.set_result(None)

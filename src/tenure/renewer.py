@@ -34,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ._aio import settle
 from .stores.base import RenewItem, Store
 
 __all__ = ("LeaseState", "Renewer", "safety_margin")
@@ -204,7 +205,7 @@ class LeaseState:
         waiters, self.waiters = self.waiters or [], None
         for loop, future in waiters:
             try:
-                loop.call_soon_threadsafe(_resolve, future)
+                loop.call_soon_threadsafe(settle, future)
             except RuntimeError:  # the waiter's loop is closed
                 pass
 
@@ -216,11 +217,6 @@ def _dead(state: LeaseState) -> bool:
 def _drop_answer(call: asyncio.Future[list[bool]]) -> None:
     if not call.cancelled() and call.exception() is not None:
         log.debug("a late renewal failed: %r", call.exception())
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class Renewer:

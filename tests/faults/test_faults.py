@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tenure.renewer import safety_margin
 from tenure.stores import from_url
 
 from ..conftest import STORES, StoreKind, etcd_cluster, postgres_server, redis_server
@@ -295,7 +296,13 @@ def test_store_killed_and_restarted(store: str, down_for: float, tmp_path: Path)
             assert (value, accepted, rejected) == (1, 1, 1), "the stale write was refused"
         else:
             assert found == []
-            if store != "redis" and not down_for:
+            # The holder renews every TTL/3 and trusts its lease until TTL minus
+            # the margin: a restart shorter than the difference is one it rides
+            # through. A slower one (crash recovery on a loaded host) makes it
+            # give the lock up at its deadline instead, which the checker has
+            # just found harmless.
+            tolerance = (TTL - safety_margin(TTL) - TTL / 3) * 1e9
+            if store != "redis" and not down_for and restarted_at - killed_at < tolerance:
                 assert first.released is True, "the lease survived: released as held"
                 assert second.granted > first.end
             assert value == accepted

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
 
+from .._aio import settle, woken_within
 from ..errors import ConfigurationError
 from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
@@ -119,7 +120,7 @@ class MemoryStore(Store):
             waiters = self._waiters.pop(name, [])
         for loop, future in waiters:
             try:
-                loop.call_soon_threadsafe(_wake, future)
+                loop.call_soon_threadsafe(settle, future)
             except RuntimeError:  # that waiter's loop has closed
                 pass
         return lease.expires > now
@@ -149,9 +150,7 @@ class MemoryStore(Store):
             timeout = min(timeout, max(0.0, lease.expires - time.monotonic()))
             self._waiters.setdefault(name, []).append(entry)
         try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            pass
+            await woken_within(future, timeout)
         finally:
             with self._mutex:
                 waiting = self._waiters.get(name)
@@ -212,8 +211,3 @@ class MemoryStore(Store):
                     del self._runs[old.run_id]
                     removed += 1
         return removed
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

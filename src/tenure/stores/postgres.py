@@ -81,7 +81,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from .._aio import shielded
+from .._aio import shielded, woken_within
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
@@ -717,8 +717,7 @@ class PostgresStore(Store):
             if not rows:
                 return
             try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken, min(timeout, float(rows[0][0])))
+                await woken_within(woken, min(timeout, float(rows[0][0])))
             finally:
                 # Shielded: a cancelled waiter still takes its count back (one
                 # left behind only costs later releases a needless NOTIFY).

@@ -54,6 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry as BlockingRetry
 
+from .._aio import woken_within
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
@@ -326,10 +327,7 @@ class RedisStore(Store):
                 raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
             if remaining_ms < 0:  # -2: no lease; -1 cannot happen (always PEXPIREd)
                 return
-            try:
-                await asyncio.wait_for(woken, min(timeout, remaining_ms / 1000))
-            except TimeoutError:
-                pass
+            await woken_within(woken, min(timeout, remaining_ms / 1000))
         finally:
             waiters = self._waiting.get(channel)
             if waiters is not None:
