@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 import threading
 import time
@@ -240,3 +241,22 @@ def test_the_module_names_match_the_asyncio_api() -> None:
         assert name in sync.__all__
     assert sync.Outcome is tenure.Outcome
     assert sync.LockLost is tenure.LockLost
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"wait": False}, "number"),
+        ({"wait": -1}, "negative"),
+        ({"wait": math.nan}, "nan"),
+        ({"ttl": 0}, "positive"),
+        ({"ttl": True}, "number"),
+    ],
+)
+def test_bad_input_is_refused_before_the_store_is_asked(
+    blocking: LockService, kwargs: dict[str, Any], says: str
+) -> None:
+    """Also on the plain-call path that SQLite and memory take (no coroutine)."""
+    with pytest.raises(tenure.InvalidArgument, match=says):
+        blocking.acquire("checked", **kwargs)
+    assert blocking.acquire("checked") is not None, "and nothing was taken"

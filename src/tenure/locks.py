@@ -141,6 +141,7 @@ class Lock(LeaseState):
         return was_held
 
     def _left(self, was_held: bool, in_store: bool) -> bool:
+        """The store's half is done: the event, and release()'s answer."""
         service = self._service
         if service._hooks.hooks:
             service._hooks.emit(

@@ -296,7 +296,8 @@ class LockService:
         ``wait`` seconds are given, woken by the release itself.
         """
         core = self._core
-        if wait == 0 and core.store.completes_at_once:
+        # Only a plain zero: anything else (a bool, NaN, a negative) is checked by acquire.
+        if wait.__class__ in (float, int) and wait == 0 and core.store.completes_at_once:
             lock = core.acquire_now(name, ttl=ttl)  # no coroutine to drive: the fast path
         else:
             coro = core.acquire(name, ttl=ttl, wait=wait)

@@ -37,6 +37,7 @@ BAD_WAITS: list[tuple[Any, str]] = [
     (-0.1, "negative"),
     (math.nan, "nan"),
     ("1", "number"),
+    (False, "number"),  # a bool is not a number of seconds, even one equal to 0
 ]
 
 
