@@ -287,6 +287,7 @@ class PostgresStore(Store):
         self._background: set[asyncio.Future[None]] = set()
         self._lane: _Lane | None = None
         self._lane_busy = False
+        self._outage = False  # a connection was lost: the next borrow asks the server first
         self._in_flight: set[_InFlight] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._pool_guard: asyncio.Lock | None = None
@@ -522,29 +523,37 @@ class PostgresStore(Store):
     async def _borrow(self) -> tuple[_Pool, psycopg.AsyncConnection[Any]]:
         """A pooled connection (and its pool, to give it back to).
 
-        psycopg's pool retries a failed connection with a growing backoff, so
-        after an outage it may go on waiting minutes after the server is back.
-        When it gives no connection in time, one direct attempt tells why: the
-        server's own refusal (a wrong password, a missing database) is raised;
-        a server that answers means the pool is stuck, and it is replaced.
+        psycopg's pool retries a failed connection with a growing backoff
+        (from one second), so after an outage it may go on waiting long after
+        the server is back: past a short TTL's deadline, or minutes later.
+        After a connection was lost, and whenever the pool gives none in time,
+        one direct attempt tells at once how things stand: the server's refusal
+        (down, starting, a wrong password) is raised; a server that answers
+        means the pool is stale, and it is replaced by one that connects now.
         """
         pool = await self._current_pool()
+        if self._outage:
+            await self._server_answers()
+            self._outage = False
+            pool = await self._replace_pool(pool)
         try:
             return pool, await pool.getconn()
         except PoolTimeout as exc:
-            try:
-                direct = await asyncio.wait_for(
-                    psycopg.AsyncConnection.connect(self.url), self.timeout
-                )
-            except (psycopg.Error, TimeoutError) as refused:
-                raise self._unavailable(refused, "refused a connection") from refused
-            await direct.close()
+            await self._server_answers()
             log.debug("the PostgreSQL pool gave no connection but the server answers: %s", exc)
         pool = await self._replace_pool(pool)
         try:
             return pool, await pool.getconn()
         except PoolTimeout as exc:
             raise self._unavailable(exc, f"gave no connection within {self.timeout} s") from exc
+
+    async def _server_answers(self) -> None:
+        """Connect once, directly; StoreUnavailable with the server's reason if it will not."""
+        try:
+            direct = await asyncio.wait_for(psycopg.AsyncConnection.connect(self.url), self.timeout)
+        except (psycopg.Error, TimeoutError) as refused:
+            raise self._unavailable(refused, "refused a connection") from refused
+        await direct.close()
 
     def _deadline(self, conn: psycopg.AsyncConnection[Any]) -> _InFlight:
         """Enter around statements on ``conn``: severed if they outlast ``timeout``.
@@ -624,6 +633,10 @@ class PostgresStore(Store):
             except psycopg.OperationalError as exc:
                 if statement.fired:
                     raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc
+                if conn.closed:
+                    # The pool's own reconnection would start with a second of
+                    # backoff: _borrow asks the server directly instead.
+                    self._outage = True
                 if attempt == 2 or not conn.closed:
                     raise self._unavailable(exc) from exc
                 # The server closed a pooled connection (it restarted): below, drop
