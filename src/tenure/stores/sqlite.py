@@ -99,7 +99,7 @@ _ABSTRACT_SOCKETS = sys.platform.startswith("linux")
 _POLL_FALLBACK = 0.010
 _FAR_FUTURE_NS = 2**62
 _CHECKPOINT_EVERY = 200
-"""Writes between two background checkpoints: about 800 KB of WAL at 4 KB pages."""
+"""Writes between two background checkpoints: about 200 KB of WAL at 1 KB pages."""
 _INLINE_CHECKPOINT_PAGES = 4000
 """WAL size (pages) at which a caller's commit checkpoints by itself: only when the
 background checkpoint cannot keep up, or its thread is gone (a forked child)."""
@@ -749,7 +749,8 @@ class SQLiteStore(Store):
 
     async def aclose(self) -> None:
         self._closed = True
-        # Before the connections close: the thread may be mid-checkpoint on one of them.
+        # Joined, so that nothing of the store still runs once aclose returns
+        # (the thread may be mid-checkpoint, on a connection of its own).
         await asyncio.to_thread(self._checkpointer.stop)
         with self._all_guard:
             conns, self._all = self._all, []
