@@ -12,7 +12,7 @@ checkpointed on a thread of its own every 200 commits). The second is the
 like-for-like floor: what tenure costs over the same statements on the same
 kind of file.
 
-    python bench/sqlite_cycle.py [--n 2000] [--rounds 7]
+    python bench/sqlite_cycle.py [--n 2000] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def lease_cycle(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2000, help="cycles per round")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="tenure-bench-"))
     hand_cycle = lease_cycle(hand_written(directory / "hand.db"))
