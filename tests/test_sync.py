@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import math
 import os
 import threading
@@ -260,3 +261,25 @@ def test_bad_input_is_refused_before_the_store_is_asked(
     with pytest.raises(tenure.InvalidArgument, match=says):
         blocking.acquire("checked", **kwargs)
     assert blocking.acquire("checked") is not None, "and nothing was taken"
+
+
+def test_with_lock_logs_a_failed_release_instead_of_raising(
+    blocking: LockService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = blocking.store
+
+    def unreachable(*args: object) -> bool:
+        raise tenure.StoreUnavailable("the test's store is unreachable")
+
+    monkeypatch.setattr(store, "release_now", unreachable, raising=False)
+    monkeypatch.setattr(store, "release", lambda *args: _raise_unavailable(), raising=False)
+    lock = blocking.acquire("quiet")
+    assert lock is not None
+    with caplog.at_level(logging.WARNING, logger="tenure"), lock:
+        pass
+    assert any("lapses by itself" in r.getMessage() for r in caplog.records), caplog.records
+    assert not lock.held
+
+
+async def _raise_unavailable() -> bool:
+    raise tenure.StoreUnavailable("the test's store is unreachable")

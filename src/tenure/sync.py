@@ -217,7 +217,11 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._service._run(self._service._core._release_quietly(self._lock))
+        core = self._service._core
+        if core.store.completes_at_once:
+            core._release_quietly_now(self._lock)
+        else:
+            self._service._portal.call(core._release_quietly(self._lock))
 
     def __repr__(self) -> str:
         return repr(self._lock)
