@@ -25,7 +25,10 @@ async def test_a_shorter_ttl_arriving_while_the_renewer_sleeps_is_renewed(
 ) -> None:
     long = await locks.acquire("long", ttl=30)
     assert long is not None
-    await asyncio.sleep(0.05)  # the renewer now sleeps toward long's renewal, 10 s away
+    for _ in range(100):  # until the renewer sleeps toward long's renewal, 10 s away
+        if locks.renewer._next_wake > time.monotonic() + 5:
+            break
+        await asyncio.sleep(0.02)
     assert locks.renewer._next_wake > time.monotonic() + 5
     short = await locks.acquire("short", ttl=0.6)
     assert short is not None
@@ -59,7 +62,10 @@ async def test_released_locks_neither_pile_up_nor_wake_the_renewer(
     assert 1 <= len(pokes) <= cycles // MAX_ARRIVALS + 2, len(pokes)
     await asyncio.sleep(0.05)
     assert len(renewer._arrivals) <= MAX_ARRIVALS + 1
-    assert not renewer._heap, "a lease released before its renewal never enters the heap"
+    # A lease released before the renewer looks never enters the heap; one that
+    # was between its acquire and release when the renewer took its turn may.
+    assert len(renewer._heap) <= cycles // MAX_ARRIVALS + 2, len(renewer._heap)
+    assert all(entry[2].released for entry in renewer._heap)
     assert renewer.round_trips == 0
 
 
