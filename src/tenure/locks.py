@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from . import _validate
 from ._aio import shielded as _shielded
 from ._tokens import new_token
-from .errors import LockLost, StoreUnavailable, TenureError
+from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer
 from .stores import from_url as store_from_url
@@ -329,10 +329,18 @@ class LockService:
             return await self._acquire(name, ttl, wait)
         return await self._try_acquire(name, ttl)
 
-    def acquire_now(self, name: str, *, ttl: float = _validate.DEFAULT_TTL) -> Lock | None:
+    def acquire_now(
+        self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0
+    ) -> Lock | None:
         """``acquire(name, ttl=ttl)`` as a plain call, for a store that completes
-        at once (``Store.completes_at_once``): the blocking API's path."""
-        ttl = self._admit(name, ttl, 0.0)[0]
+        at once (``Store.completes_at_once``): the blocking API's path.
+
+        ``wait`` is checked like acquire's and must be 0: waiting needs the
+        store's waiters, which live on an event loop.
+        """
+        ttl, wait = self._admit(name, ttl, wait)
+        if wait:
+            raise InvalidArgument(f"acquire_now cannot wait (wait={wait!r}); use acquire")
         if not self.store.completes_at_once:
             raise TenureError(f"{self.store.describe()} needs acquire(), not acquire_now()")
         token = new_token()
@@ -436,7 +444,7 @@ class LockService:
         returns, and ``current_lock().held`` lets it check as it goes.
         """
         if not callable(fn):
-            raise _validate.InvalidArgument(f"fn must be callable, got {fn!r}")
+            raise InvalidArgument(f"fn must be callable, got {fn!r}")
         lock = await self.acquire(name, ttl=ttl)
         if lock is None:
             log.debug("run_exclusively(%r): held elsewhere, skipped", name)

@@ -84,17 +84,6 @@ def current_lock() -> Lock:
     return lock
 
 
-def _at_once(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never suspends (see ``Store.completes_at_once``)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    coro.close()
-    raise RuntimeError("a store declared completes_at_once suspended; this is a bug in that store")
-
-
 class _Portal:
     """An event loop on a thread of its own, started at first use."""
 
@@ -262,12 +251,6 @@ class LockService:
         returns the function that unsubscribes it."""
         return self._core.subscribe(hook)
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a call of the core: on this thread when the store allows, else on the portal."""
-        if self._core.store.completes_at_once:
-            return _at_once(coro)
-        return self._portal.call(coro)
-
     def __enter__(self) -> LockService:
         self.start()
         return self
@@ -300,13 +283,13 @@ class LockService:
         ``wait`` seconds are given, woken by the release itself.
         """
         core = self._core
-        # Only a plain zero: anything else (a bool, NaN, a negative) is checked by acquire.
-        if wait.__class__ in (float, int) and wait == 0 and core.store.completes_at_once:
-            lock = core.acquire_now(name, ttl=ttl)  # no coroutine to drive: the fast path
+        if wait == 0 and core.store.completes_at_once:
+            # On this thread, no coroutine; acquire_now checks wait as acquire does
+            # (False equals 0, and is refused there).
+            lock = core.acquire_now(name, ttl=ttl, wait=wait)
         else:
-            coro = core.acquire(name, ttl=ttl, wait=wait)
             # Waiting needs the store's waiters, which live on the loop thread.
-            lock = self._run(coro) if wait == 0 else self._portal.call(coro)
+            lock = self._portal.call(core.acquire(name, ttl=ttl, wait=wait))
         return None if lock is None else Lock(self, lock)
 
     def run_exclusively(
