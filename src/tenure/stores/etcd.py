@@ -445,6 +445,11 @@ class EtcdStore(Store):
             call.cancel()
         raise StoreUnavailable(f"etcd at {self.describe()} ended a keep-alive without answer")
 
+    def _disown(self, token: str) -> None:
+        """Stop counting ``token`` as held or being acquired here (``_sweep`` may take its keys)."""
+        with self._shared.guard:
+            self._shared.owned.pop(token, None)
+
     def _forget_lease(self, lease_id: int) -> None:
         with self._shared.guard:
             for ttl, known in list(self._shared.leases.items()):
@@ -491,8 +496,7 @@ class EtcdStore(Store):
             )
             answer, alive = answers
             if isinstance(answer, BaseException):
-                with self._shared.guard:
-                    self._shared.owned.pop(token, None)
+                self._disown(token)
                 if isinstance(answer, StoreUnavailable) and "lease not found" in str(answer):
                     self._forget_lease(lease.id)
                     continue
@@ -501,8 +505,7 @@ class EtcdStore(Store):
             if not answer.succeeded:
                 held_by = answer.responses[1].response_range.kvs
                 if not held_by or held_by[0].value != _digest(token):
-                    with self._shared.guard:
-                        self._shared.owned.pop(token, None)
+                    self._disown(token)
                     if len(self._seen) >= _SEEN_MAX:  # acquires that never waited
                         self._seen.clear()
                     self._seen[name] = fence
@@ -511,8 +514,7 @@ class EtcdStore(Store):
             if isinstance(alive, BaseException) or alive <= 0:
                 if not isinstance(alive, BaseException):
                     self._forget_lease(lease.id)  # expired under us: the keys went with it
-                    with self._shared.guard:
-                        self._shared.owned.pop(token, None)
+                    self._disown(token)
                     continue
                 # Granted, but the lease may run out before sent + TTL: give the
                 # grant back rather than hand out a lock that could lapse early.
@@ -557,8 +559,7 @@ class EtcdStore(Store):
             keys = alive.get(entry[1]) if entry is not None else None
             ok = keys is not None and self._token_prefix + item.name.encode() in keys
             if not ok:  # lost for good: the holder is told, and nothing renews it again
-                with self._shared.guard:
-                    self._shared.owned.pop(item.token, None)
+                self._disown(item.token)
             results.append(ok)
         await self._sweep(alive)
         return results
@@ -605,8 +606,7 @@ class EtcdStore(Store):
         finally:
             # Only now: a renewal in flight must not take the keys for an
             # orphan's (and delete them) before this compare-and-delete runs.
-            with self._shared.guard:
-                self._shared.owned.pop(token, None)
+            self._disown(token)
         return bool(answer.succeeded)
 
     async def force_release(self, name: str) -> LeaseInfo | None:
