@@ -23,7 +23,7 @@ from ._aio import shielded as _shielded
 from ._tokens import new_token
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
-from .renewer import LeaseState, Renewer
+from .renewer import LeaseState, Renewer, handover_lease
 from .stores import from_url as store_from_url
 from .stores.base import Grant, Store
 
@@ -369,6 +369,8 @@ class LockService:
         return ttl, wait
 
     async def _acquire(self, name: str, ttl: float, wait: float) -> Lock | None:
+        if wait and self.store.grants_on_release:
+            return await self._acquire_handed_over(name, ttl, wait)
         lock = await self._try_acquire(name, ttl)
         if lock is not None or wait == 0:
             return lock
@@ -381,6 +383,22 @@ class LockService:
             lock = await self._try_acquire(name, ttl)
             if lock is not None:
                 return lock
+
+    async def _acquire_handed_over(self, name: str, ttl: float, wait: float) -> Lock | None:
+        """Wait in the store's queue: a release hands the lock over in the same step."""
+        token = new_token()
+        got = await self.store.acquire_waiting(
+            name, token, ttl, self.holder, timeout=wait, handover=handover_lease(ttl)
+        )
+        if got is None:
+            return None
+        # The lease is sure for got.lease seconds from got.sent. As if an
+        # acquire for the whole TTL had been sent earlier: the same local
+        # deadline, and a renewal due at once when the lease is a short hand-over.
+        lock = self._granted(name, token, ttl, got.sent + got.lease - ttl, got.grant)
+        if lock is not None:
+            lock.acquired_at = got.sent
+        return lock
 
     async def _acquire_observed(self, name: str, ttl: float, wait: float) -> Lock | None:
         started = time.monotonic()

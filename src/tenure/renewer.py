@@ -37,7 +37,7 @@ from collections.abc import Callable
 from ._aio import settle
 from .stores.base import RenewItem, Store
 
-__all__ = ("LeaseState", "Renewer", "safety_margin")
+__all__ = ("LeaseState", "Renewer", "handover_lease", "safety_margin")
 
 log = logging.getLogger("tenure.renewer")
 
@@ -63,6 +63,22 @@ def safety_margin(ttl: float) -> float:
     a little faster than ours and for a reply that arrives late.
     """
     return min(ttl * 0.1, 2.0)
+
+
+HANDOVER_GRACE = 1.0
+"""Seconds a lease handed over by a release is trusted locally (past the safety
+margin) before its new holder's first renewal must have been confirmed."""
+
+
+def handover_lease(ttl: float) -> float:
+    """How long a lease that a release hands to a queued waiter lasts unrenewed.
+
+    The new holder's renewer extends it to the TTL at once (its renewal is due
+    on arrival). Short, so that a waiter that died while queued keeps the name
+    from others for a second or two rather than a whole TTL; longer than the
+    safety margin by ``HANDOVER_GRACE``, so the new holder can trust it.
+    """
+    return min(ttl, safety_margin(ttl) + HANDOVER_GRACE)
 
 
 def renew_interval(ttl: float) -> float:

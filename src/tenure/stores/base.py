@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-__all__ = ("Finding", "Grant", "LeaseInfo", "RenewItem", "RunRecord", "Store")
+__all__ = ("Finding", "Grant", "HandedOver", "LeaseInfo", "RenewItem", "RunRecord", "Store")
 
 
 @dataclass(slots=True)  # not frozen: made on every acquire, and frozen costs twice as much
@@ -40,6 +40,18 @@ class Grant:
     """A successful acquisition."""
 
     fencing_token: int
+
+
+class HandedOver(NamedTuple):
+    """A grant that :meth:`Store.acquire_waiting` obtained, and what its holder may assume."""
+
+    grant: Grant
+    sent: float
+    """A ``time.monotonic()`` no later than the grant (the local clock's view)."""
+    lease: float
+    """Seconds from ``sent`` during which the store keeps the lease for sure:
+    the TTL when the waiter's own call granted it, the hand-over lease when a
+    release did."""
 
 
 class RenewItem(NamedTuple):
@@ -112,6 +124,11 @@ class Store(ABC):
     API (``tenure.sync``) makes on the caller's thread: no event loop, no
     coroutine."""
 
+    grants_on_release: ClassVar[bool] = False
+    """True when the store offers :meth:`acquire_waiting`: a release hands the
+    lease to a queued waiter in the same atomic step, so the waiter holds the
+    lock as soon as it hears of it, without another round trip."""
+
     @classmethod
     @abstractmethod
     def from_url(cls, url: str) -> Store:
@@ -150,6 +167,8 @@ class Store(ABC):
         and returns False. A lease that is still ``token``'s but already
         expired is removed too, and False is returned: the grant was no longer
         valid. True only when a live lease held by ``token`` was released.
+        A store with :attr:`grants_on_release` then grants the lease to the
+        waiter queued next, if one is, in the same atomic step.
         """
 
     @abstractmethod
@@ -160,6 +179,26 @@ class Store(ABC):
         the current lease. May return early or spuriously: the caller retries
         acquire and calls again. ``timeout`` is finite and positive.
         """
+
+    async def acquire_waiting(
+        self, name: str, token: str, ttl: float, holder: str, *, timeout: float, handover: float
+    ) -> HandedOver | None:
+        """Acquire ``name`` for ``token``, waiting up to ``timeout`` seconds (may be inf).
+
+        Only for stores with :attr:`grants_on_release`. The waiter queues itself
+        in the store; a release hands the lease straight to the waiter queued
+        next, for ``handover`` seconds (at most ``ttl``), which the new holder's
+        renewer then extends to ``ttl``: a waiter that died while queued keeps
+        the name from others for about ``handover``, not a whole TTL. Waiters
+        still wake on every release and on the expiry of the current lease, as
+        :meth:`wait_released` does, and try again. Returns None when
+        ``timeout`` passed without a grant; then nothing of this waiter stays
+        queued, and a lease handed over just before is returned, not dropped.
+        Cancelled, or failing with StoreUnavailable, it withdraws and releases
+        ``token`` in the background (a queue entry lapses by itself within a
+        second or so when the store cannot be reached).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not grant on release")
 
     @abstractmethod
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:

@@ -25,6 +25,13 @@ connection; a timed-out one is not.
   lease, so a release between the two cannot be missed; they also wake when
   the lease's remaining time (``PTTL``) runs out. A channel stays subscribed
   a few seconds after its last waiter left.
+* Grant on release: one waiter per lock queues itself (``...:next``, with its
+  token) in the script that finds the lock held, and calls again every third
+  of ``_QUEUE_LIFE`` to keep its entry alive. The release script hands the
+  lease straight to it and says so in its message, so the new holder needs no
+  round trip after waking. The handed-over lease is short
+  (``renewer.handover_lease``: the new holder's renewer extends it at once):
+  a queued waiter that died costs the name a second or two, not a whole TTL.
 * Speed: on a single server each script call is written pre-encoded on a
   connection the store keeps pinned (its *lane*), bypassing redis-py's general
   command path, which costs more than the round trip; concurrent calls that
@@ -40,6 +47,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any, ClassVar
@@ -55,9 +63,10 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from redis.retry import Retry as BlockingRetry
 
 from .._aio import woken_within
+from .._tokens import new_token
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
-from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import Finding, Grant, HandedOver, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("RedisStore",)
 
@@ -70,11 +79,22 @@ log = logging.getLogger("tenure.stores.redis")
 _UNSUBSCRIBE_AFTER = 5.0
 """Seconds a release channel stays subscribed after its last waiter left."""
 
-_SCRIPTS = ("acquire", "release", "renew", "claim", "record")
+_QUEUE_LIFE = 1.0
+"""Seconds a waiter's queue entry lives unless the waiter calls again (it calls
+every third of that): how long a dead waiter can stay queued."""
+
+_SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record")
+_GRANTING = ("acquire", "enlist", "release")
+"""The scripts that start with _grant.lua's grant()."""
+
+
+def _read_script(name: str) -> str:
+    return resources.files("tenure.stores").joinpath(f"redis_scripts/{name}.lua").read_text()
 
 
 def _load_script(name: str) -> str:
-    return resources.files("tenure.stores").joinpath(f"redis_scripts/{name}.lua").read_text()
+    source = _read_script(name)
+    return _read_script("_grant") + source if name in _GRANTING else source
 
 
 _SOURCES = {name: _load_script(name) for name in _SCRIPTS}
@@ -107,12 +127,15 @@ def _encode(arg: str | int | float) -> bytes:
     return (repr(arg) if isinstance(arg, float) else str(arg)).encode()
 
 
+def _packed(*parts: bytes | str | int | float) -> bytes:
+    """The RESP encoding of a command, as redis-py encodes it."""
+    raw = [part if isinstance(part, bytes) else _encode(part) for part in parts]
+    return b"".join([b"*%d\r\n" % len(raw), *(b"$%d\r\n%s\r\n" % (len(p), p) for p in raw)])
+
+
 def _evalsha(name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> bytes:
-    """The RESP encoding of ``EVALSHA sha numkeys keys... args...``, as redis-py encodes."""
-    parts = [b"EVALSHA", _SHA_BYTES[name], str(len(keys)).encode()]
-    parts += [key.encode() for key in keys]
-    parts += [_encode(arg) for arg in args]
-    return b"".join([b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)])
+    """``EVALSHA sha numkeys keys... args...``, encoded."""
+    return _packed(b"EVALSHA", _SHA_BYTES[name], len(keys), *keys, *args)
 
 
 def _text(value: Any) -> str:
@@ -145,6 +168,7 @@ class RedisStore(Store):
         self._listener: asyncio.Task[None] | None = None
         self._confirmed: dict[bytes, asyncio.Event] = {}
         self._waiting: dict[bytes, set[asyncio.Future[None]]] = {}
+        self._withdrawing: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -180,6 +204,8 @@ class RedisStore(Store):
                 await self._client.ping()
 
     async def aclose(self) -> None:
+        if self._withdrawing:
+            await asyncio.gather(*self._withdrawing, return_exceptions=True)
         await self._drop_lane()
         if self._listener is not None:
             self._listener.cancel()
@@ -302,39 +328,184 @@ class RedisStore(Store):
                 results[i] = bool(ok)
         return results
 
+    def _release_call(self, name: str, token: str) -> tuple[tuple[str, ...], tuple[str, str]]:
+        tag = self._tag(name)
+        keys = (tag + ":lease", tag + ":fence", tag + ":next", tag + ":handed")
+        return keys, (token, tag + ":released")
+
     async def release(self, name: str, token: str) -> bool:
-        done = await self._script("release", (self._lease(name),), (token, self._channel(name)))
-        return bool(done)
+        return bool(await self._script("release", *self._release_call(name, token)))
 
     def for_blocking(self) -> Store:
         return _BlockingRedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
 
     async def wait_released(self, name: str, timeout: float) -> None:
         channel = self._channel(name).encode()
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-        self._waiting.setdefault(channel, set()).add(woken)
+        woken = self._wake_up(channel)
         try:
             try:
-                confirmed = await self._subscribe(channel)
-                # Subscribed (confirmed by the server) first, then look at the
-                # lease: a release in between cannot be missed.
-                await asyncio.wait_for(confirmed.wait(), timeout)
+                if not await self._subscribed(channel, timeout):
+                    return
                 remaining_ms = await self._client.pttl(self._lease(name))
-            except TimeoutError:
-                return
             except _DRIVER_ERRORS as exc:
                 raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
             if remaining_ms < 0:  # -2: no lease; -1 cannot happen (always PEXPIREd)
                 return
             await woken_within(woken, min(timeout, remaining_ms / 1000))
         finally:
-            waiters = self._waiting.get(channel)
-            if waiters is not None:
-                waiters.discard(woken)
-                if not waiters:
-                    del self._waiting[channel]
-                    self._unsubscribe(channel)
+            self._forget_wake_up(channel, woken)
+
+    grants_on_release: ClassVar[bool] = True
+
+    async def acquire_waiting(
+        self, name: str, token: str, ttl: float, holder: str, *, timeout: float, handover: float
+    ) -> HandedOver | None:
+        tag = self._tag(name)
+        keys = (tag + ":lease", tag + ":fence", tag + ":next")
+        handed = tag + ":handed"
+        waiter = new_token()[:16]  # public: it names this waiter on the hand-over list
+        args = (
+            token,
+            max(1, round(ttl * 1000)),
+            holder,
+            waiter,
+            round(_QUEUE_LIFE * 1000),
+            max(1, round(handover * 1000)),
+        )
+        mine = waiter.encode() + b"|"
+        deadline = time.monotonic() + timeout
+        channel = (tag + ":released").encode()
+        woken: asyncio.Future[None] | None = None
+        queued_at: float | None = None
+        """When the last call that left this waiter queued was sent."""
+        called = False
+        try:
+            while True:
+                sent = time.monotonic()
+                called = True
+                answer = await self._script("enlist", keys, args)
+                if answer[0] == 1:
+                    return HandedOver(Grant(int(answer[1])), sent, ttl)
+                if answer[0] == 2:  # a release handed it over; its note is still on the list
+                    return HandedOver(Grant(int(answer[1])), sent, answer[2] / 1000)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # The lease's expiry (a crashed holder) wakes every waiter too.
+                wake = min(left, max(answer[1], 1) / 1000)
+                if answer[0] == 0:
+                    # Queued: the release hands us the lease and notes it on the
+                    # list; we call again before our entry lapses.
+                    queued_at = sent
+                    note = await self._pop(handed, min(wake, _QUEUE_LIFE / 3))
+                    if note is not None and note.startswith(mine):
+                        # Its since counts from our last call that kept us queued,
+                        # so queued_at + since is no later than the grant.
+                        _, fence, since = note.split(b"|")
+                        return HandedOver(
+                            Grant(int(fence)), queued_at + int(since) / 1000, handover
+                        )
+                elif woken is None or channel not in self._confirmed:
+                    # Another waiter is queued: wake on any release, and look
+                    # again once subscribed (a release may have come between).
+                    woken = self._wake_up(channel, instead_of=woken)
+                    if not await self._subscribed(channel, left):
+                        break
+                else:
+                    await woken_within(woken, wake)
+                    woken = self._wake_up(channel, instead_of=woken)
+            if queued_at is None:
+                return None
+            # Out of time: leave the queue; a lease handed over meanwhile is kept.
+            sent = time.monotonic()
+            answer = await self._script("withdraw", (keys[0], keys[2]), (token, waiter))
+            if answer is None:
+                return None
+            return HandedOver(Grant(int(answer[0])), sent, answer[1] / 1000)
+        except BaseException:
+            if called:
+                # Cancelled or failed with a call in flight or an entry queued:
+                # the store may have queued us or handed us the lease.
+                task = asyncio.ensure_future(self._abandon(name, keys, token, waiter))
+                self._withdrawing.add(task)
+                task.add_done_callback(self._withdrawing.discard)
+            raise
+        finally:
+            if woken is not None:
+                self._forget_wake_up(channel, woken)
+
+    async def _pop(self, key: str, timeout: float) -> bytes | None:
+        """BLPOP one note from ``key``, waiting up to ``timeout`` seconds; None if none came.
+
+        On a single server, pre-encoded on a pooled connection of its own, as
+        the lane does: the note is read the moment it lands.
+        """
+        seconds = f"{max(timeout, 0.001):.3f}"
+        try:
+            if self.cluster:
+                answer = await self._client.blpop([key], float(seconds))
+                return None if answer is None else answer[1]
+            pool = self._client.connection_pool
+            conn = await pool.get_connection()
+            try:
+                await conn.send_packed_command(_packed(b"BLPOP", key, seconds), check_health=False)
+                answer = await conn.read_response(timeout=timeout + 2.0)
+            except BaseException:
+                # A timeout or a cancellation may leave the reply unread.
+                with contextlib.suppress(*_DRIVER_ERRORS):
+                    await conn.disconnect(nowait=True)
+                raise
+            finally:
+                await pool.release(conn)
+        except _DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        return None if answer is None else answer[1]
+
+    async def _abandon(
+        self, name: str, keys: tuple[str, str, str], token: str, waiter: str
+    ) -> None:
+        """Withdraw a waiter that gave up abnormally, and release what it may have been handed."""
+        try:
+            await self._script("withdraw", (keys[0], keys[2]), (token, waiter))
+            await self.release(name, token)
+        except StoreUnavailable as exc:
+            # Lapses by itself: the queue entry within _QUEUE_LIFE, a
+            # handed-over lease within its short hand-over lease.
+            log.debug("could not withdraw an abandoned waiter of %r: %s", name, exc)
+
+    def _wake_up(
+        self, channel: bytes, instead_of: asyncio.Future[None] | None = None
+    ) -> asyncio.Future[None]:
+        """A new wake-up future for a waiter on ``channel``, settled by the next release."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiting.setdefault(channel, set())
+        waiters.add(woken)
+        if instead_of is not None:
+            waiters.discard(instead_of)
+        return woken
+
+    def _forget_wake_up(self, channel: bytes, woken: asyncio.Future[None]) -> None:
+        waiters = self._waiting.get(channel)
+        if waiters is not None:
+            waiters.discard(woken)
+            if not waiters:
+                del self._waiting[channel]
+                self._unsubscribe(channel)
+
+    async def _subscribed(self, channel: bytes, timeout: float) -> bool:
+        """Subscribe to ``channel`` and wait for the server's confirmation; False on timeout.
+
+        Subscribed (confirmed) first, then look at the lease: a release in
+        between cannot be missed.
+        """
+        try:
+            confirmed = await self._subscribe(channel)
+            await asyncio.wait_for(confirmed.wait(), min(max(timeout, 0.0), 3600.0))
+        except TimeoutError:
+            return False
+        except _DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        return True
 
     async def _subscribe(self, channel: bytes) -> asyncio.Event:
         """Subscribe the store's one pub/sub connection to ``channel``; its confirmation.
@@ -604,8 +775,7 @@ class _BlockingRedisStore(RedisStore):
         return self.release_now(name, token)
 
     def release_now(self, name: str, token: str) -> bool:
-        keys, args = (self._lease(name),), (token, self._channel(name))
-        return bool(self._blocking_script("release", keys, args))
+        return bool(self._blocking_script("release", *self._release_call(name, token)))
 
     def for_blocking(self) -> Store:
         return self
