@@ -227,8 +227,17 @@ class RedisStore(Store):
     async def _script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
+        before = _cancel_requests()
         if not self.cluster and not self._lane_busy:
-            return await self._script_on_lane(name, keys, args)
+            answer = await self._script_on_lane(name, keys, args)
+        else:
+            answer = await self._script_in_pool(name, keys, args)
+        _raise_swallowed_cancel(before)
+        return answer
+
+    async def _script_in_pool(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
         try:
             try:
                 return await self._client.evalsha(_SHAS[name], len(keys), *keys, *args)
@@ -441,24 +450,27 @@ class RedisStore(Store):
         the lane does: the note is read the moment it lands.
         """
         seconds = f"{max(timeout, 0.001):.3f}"
+        before = _cancel_requests()
         try:
             if self.cluster:
                 answer = await self._client.blpop([key], float(seconds))
-                return None if answer is None else answer[1]
-            pool = self._client.connection_pool
-            conn = await pool.get_connection()
-            try:
-                await conn.send_packed_command(_packed(b"BLPOP", key, seconds), check_health=False)
-                answer = await conn.read_response(timeout=timeout + 2.0)
-            except BaseException:
-                # A timeout or a cancellation may leave the reply unread.
-                with contextlib.suppress(*_DRIVER_ERRORS):
-                    await conn.disconnect(nowait=True)
-                raise
-            finally:
-                await pool.release(conn)
+            else:
+                pool = self._client.connection_pool
+                conn = await pool.get_connection()
+                try:
+                    packed = _packed(b"BLPOP", key, seconds)
+                    await conn.send_packed_command(packed, check_health=False)
+                    answer = await conn.read_response(timeout=timeout + 2.0)
+                except BaseException:
+                    # A timeout or a cancellation may leave the reply unread.
+                    with contextlib.suppress(*_DRIVER_ERRORS):
+                        await conn.disconnect(nowait=True)
+                    raise
+                finally:
+                    await pool.release(conn)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        _raise_swallowed_cancel(before)
         return None if answer is None else answer[1]
 
     async def _abandon(
@@ -788,6 +800,25 @@ class _BlockingRedisStore(RedisStore):
     async def aclose(self) -> None:
         self._blocking.close()
         await super().aclose()
+
+
+def _cancel_requests() -> int:
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def _raise_swallowed_cancel(before: int) -> None:
+    """Raise the cancellation that redis-py swallowed during a call, if it did.
+
+    redis-py's asyncio client (seen with 8.1 on Python 3.11) can lose a
+    cancellation that arrives while it takes a pooled connection: the call
+    completes, the task's cancel request stays pending (``cancelling()``) and
+    nothing is raised. A waiter would then return a lock to a caller that
+    cancelled it (an ``asyncio.timeout`` around it would never fire); raised
+    here, the caller's cancellation path gives back what the call obtained.
+    """
+    if _cancel_requests() > before:
+        raise asyncio.CancelledError
 
 
 def _quiet(task: asyncio.Task[Any]) -> None:

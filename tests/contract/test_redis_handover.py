@@ -1,0 +1,233 @@
+"""Redis grant on release: the release script hands the lock to the queued waiter.
+
+The waiter that finds the lock held queues itself (``{prefix:name}:next``); the
+holder's release grants the lease to it in the same script and notes that on
+``{prefix:name}:handed``, which the waiter reads with BLPOP. These tests watch
+the keys with a plain client of their own, on a single server and on a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import redis
+
+from tenure import LockService
+from tenure.renewer import handover_lease
+from tenure.stores.redis import RedisStore
+
+from ..conftest import STORES
+from ..helpers.procs import Worker
+
+TTL = 30.0
+"""Long on purpose: every hand-over here must happen in far less than a TTL."""
+
+
+class Keys:
+    """A plain client on the store's server, and the keys of one lock."""
+
+    def __init__(self, url: str, name: str) -> None:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        base = parts._replace(query="").geturl()
+        self.client: Any = (
+            redis.RedisCluster.from_url(base) if "cluster" in query else redis.Redis.from_url(base)
+        )
+        tag = f"{{{query['prefix'][0]}:{name}}}"
+        self.lease, self.next, self.handed = tag + ":lease", tag + ":next", tag + ":handed"
+
+    def holder(self) -> str | None:
+        value = self.client.hget(self.lease, "holder")
+        return None if value is None else str(value.decode())
+
+    def fence(self) -> int:
+        return int(self.client.hget(self.lease, "fence"))
+
+    def queued(self) -> str | None:
+        """The holder id of the waiter queued next, if one is."""
+        value = self.client.hget(self.next, "holder")
+        return None if value is None else str(value.decode())
+
+    def pttl(self) -> int:
+        return int(self.client.pttl(self.lease))
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return STORES[request.param].make_url(tmp_path)
+
+
+@pytest.fixture
+def raw(url: str) -> Iterator[Any]:
+    """A blocking store: its acquire and release are plain calls, which never
+    let the test's event loop run in between (the waiter cannot act meanwhile)."""
+    store = RedisStore.from_url(url).for_blocking()
+    yield store
+    store._blocking.close()  # type: ignore[attr-defined]
+
+
+async def until(check: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out waiting for a condition"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_release_hands_the_lock_to_the_queued_waiter(url: str, raw: Any) -> None:
+    keys = Keys(url, "h")
+    assert raw.acquire_now("h", "t" * 32, TTL, "raw-holder") is not None
+    async with LockService.from_url(url) as locks:
+        waiting = asyncio.ensure_future(locks.acquire("h", ttl=TTL, wait=10))
+        await until(lambda: keys.queued() == locks.holder)
+        before = keys.fence()
+        assert raw.release_now("h", "t" * 32) is True
+        # The release itself granted it: the waiter has not run since.
+        assert not waiting.done()
+        assert keys.holder() == locks.holder
+        assert keys.queued() is None
+        assert 0 < keys.pttl() <= handover_lease(TTL) * 1000, "a short hand-over lease"
+        lock = await asyncio.wait_for(waiting, 5)
+        assert lock is not None and lock.held
+        assert lock.fencing_token == keys.fence() > before
+        # The new holder's renewer extends the short lease to the TTL at once.
+        await until(lambda: keys.pttl() > handover_lease(TTL) * 1000)
+        assert lock.held
+        assert await lock.release() is True
+        assert keys.holder() is None
+
+
+async def test_waiters_take_turns_in_the_queue(url: str, raw: Any) -> None:
+    keys = Keys(url, "turns")
+    assert raw.acquire_now("turns", "t" * 32, TTL, "raw-holder") is not None
+    async with LockService.from_url(url) as first, LockService.from_url(url) as second:
+        a = asyncio.ensure_future(first.acquire("turns", ttl=TTL, wait=10))
+        await until(lambda: keys.queued() == first.holder)
+        b = asyncio.ensure_future(second.acquire("turns", ttl=TTL, wait=10))
+        await asyncio.sleep(0.2)
+        assert keys.queued() == first.holder, "one waiter is queued; the other waits its turn"
+        raw.release_now("turns", "t" * 32)
+        lock_a = await asyncio.wait_for(a, 5)
+        assert lock_a is not None and not b.done()
+        # The release woke the other waiter, which queued itself next.
+        await until(lambda: keys.queued() == second.holder)
+        await lock_a.release()
+        lock_b = await asyncio.wait_for(b, 5)
+        assert lock_b is not None and lock_b.held
+        assert lock_b.fencing_token > lock_a.fencing_token
+        await lock_b.release()
+
+
+async def test_a_waiter_that_times_out_leaves_the_queue(url: str, raw: Any) -> None:
+    keys = Keys(url, "late")
+    assert raw.acquire_now("late", "t" * 32, TTL, "raw-holder") is not None
+    async with LockService.from_url(url) as locks:
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(locks.acquire("late", ttl=TTL, wait=0.5))
+        await until(lambda: keys.queued() == locks.holder)
+        assert await waiting is None
+        assert time.monotonic() - started >= 0.5
+        assert keys.queued() is None
+        assert raw.release_now("late", "t" * 32) is True
+        assert keys.holder() is None, "nobody was queued: nothing was handed over"
+
+
+async def test_a_cancelled_waiter_leaves_the_queue(url: str, raw: Any) -> None:
+    keys = Keys(url, "gone")
+    assert raw.acquire_now("gone", "t" * 32, TTL, "raw-holder") is not None
+    async with LockService.from_url(url) as locks:
+        waiting = asyncio.ensure_future(locks.acquire("gone", ttl=TTL, wait=10))
+        await until(lambda: keys.queued() == locks.holder)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await until(lambda: keys.queued() is None)
+        assert raw.release_now("gone", "t" * 32) is True
+        assert keys.holder() is None
+
+
+async def test_a_waiter_cancelled_after_the_hand_over_gives_the_lock_back(
+    url: str, raw: Any
+) -> None:
+    keys = Keys(url, "given")
+    assert raw.acquire_now("given", "t" * 32, TTL, "raw-holder") is not None
+    async with LockService.from_url(url) as locks, LockService.from_url(url) as third:
+        waiting = asyncio.ensure_future(locks.acquire("given", ttl=TTL, wait=10))
+        await until(lambda: keys.queued() == locks.holder)
+        raw.release_now("given", "t" * 32)
+        assert keys.holder() == locks.holder, "handed over before the waiter could read it"
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        # Released in the background, not left to lapse.
+        await until(lambda: keys.holder() is None, timeout=2.0)
+        lock = await third.acquire("given", ttl=TTL)
+        assert lock is not None
+        await lock.release()
+
+
+@pytest.fixture
+def worker(url: str) -> Iterator[Worker]:
+    proc = Worker(url)
+    yield proc
+    proc.close()
+
+
+@pytest.mark.parametrize("deadline", ["passed", "ahead"])
+async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
+    url: str, raw: Any, worker: Worker, deadline: str
+) -> None:
+    """SIGSTOPped while queued, past its BLPOP's timeout: the hand-over note
+    waits on the list unread, and on waking the waiter finds the lease is its
+    own, by its wait running out (withdraw) or by its next call (enlist)."""
+    keys = Keys(url, "paused")
+    assert raw.acquire_now("paused", "t" * 32, TTL, "raw-holder") is not None
+    wait = 1.0 if deadline == "passed" else 20.0
+    started = time.monotonic()
+    worker.send(f"acquire paused {TTL} {wait}")
+    await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
+    worker.signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
+    assert raw.release_now("paused", "t" * 32) is True
+    assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
+    assert keys.client.llen(keys.handed) == 1, "the note waits unread"
+    resume_at = started + wait + 0.2 if deadline == "passed" else stopped + 1.0
+    await asyncio.sleep(max(0.0, resume_at - time.monotonic()))
+    assert time.monotonic() - stopped < handover_lease(TTL), "the hand-over lease still runs"
+    worker.signal(signal.SIGCONT)
+    got = worker.read()
+    assert got["ok"] is True
+    assert got["fence"] == keys.fence()
+    if deadline == "passed":
+        assert got["t"] / 1e9 - started >= wait, "its wait had run out"
+    assert worker.ask("status") == {"held": True, "lost": False}
+    await until(lambda: keys.pttl() > handover_lease(TTL) * 1000)  # renewed to the TTL
+    assert worker.ask("release")["released"] is True
+
+
+async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
+    url: str, raw: Any, worker: Worker
+) -> None:
+    keys = Keys(url, "dead")
+    ttl = 10.0
+    assert raw.acquire_now("dead", "t" * 32, ttl, "raw-holder") is not None
+    worker.send(f"acquire dead {ttl} 30")
+    await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
+    worker.signal(signal.SIGKILL)
+    worker.proc.wait()
+    assert raw.release_now("dead", "t" * 32) is True
+    released = time.monotonic()
+    assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a dead process"
+    async with LockService.from_url(url) as locks:
+        lock = await locks.acquire("dead", ttl=ttl, wait=ttl)
+        waited = time.monotonic() - released
+        assert lock is not None
+        assert waited < handover_lease(ttl) + 1.0 < ttl
+        await lock.release()
