@@ -3,15 +3,18 @@
 One process holds a lock; another waits for it with ``wait=``. The holder
 notes ``time.monotonic_ns()`` (one clock for every process of a Linux host)
 just before it releases; the waiter notes it just after its acquire returns.
-The difference is the handoff: the release, the datagram that wakes the
-waiter, and the waiter's acquire.
+The difference is the handoff: the release, whatever wakes the waiter, and,
+where the store does not grant on release, the waiter's acquire.
 
     python bench/handoff.py [--n 200] [--url URL]     (default: a temporary SQLite file)
+    python bench/handoff.py --redis                    (a throwaway redis-server)
     python bench/handoff.py --postgres                 (a throwaway PostgreSQL cluster)
     python bench/handoff.py --etcd                     (a throwaway three-member etcd cluster)
 
-With a Redis URL, python-redis-lock (whose waiters block in BLPOP) is measured
-the same way in the same run, for comparison.
+On Redis, python-redis-lock (whose waiters block in BLPOP) is measured the same
+way in the same run, in alternating rounds (``--rounds``, the order swapped
+each round), so that a noisy host weighs on both alike; the ratio of the two
+medians is printed per round.
 """
 
 from __future__ import annotations
@@ -105,46 +108,84 @@ async def holder(url: str, n: int, pipe: Connection) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--n", type=int, default=200, help="handoffs (per library on Redis)")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds on Redis")
     parser.add_argument("--url", help="store URL (default: a temporary SQLite file)")
-    parser.add_argument(
-        "--postgres", action="store_true", help="start a throwaway PostgreSQL cluster (the tests')"
-    )
+    for flag, what in (("--redis", "redis-server"), ("--postgres", "PostgreSQL cluster")):
+        parser.add_argument(
+            flag, action="store_true", help=f"start a throwaway {what} (the tests')"
+        )
     parser.add_argument(
         "--etcd", action="store_true", help="start a throwaway etcd cluster (the tests')"
     )
     args = parser.parse_args()
-    if args.postgres or args.etcd:
+    if args.redis or args.postgres or args.etcd:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.servers import EtcdCluster, PostgresServer
+        from tests.servers import EtcdCluster, PostgresServer, RedisServer
 
-        server: PostgresServer | EtcdCluster = PostgresServer() if args.postgres else EtcdCluster()
+        server: RedisServer | PostgresServer | EtcdCluster
+        if args.redis:
+            server = RedisServer()
+            url = server.url
+        elif args.postgres:
+            server = PostgresServer()
+            url = server.url()
+        else:
+            server = EtcdCluster()
+            url = server.url
         try:
-            measure(server.url() if isinstance(server, PostgresServer) else server.url, args.n)
+            measure(url, args.n, args.rounds)
         finally:
             server.stop()
         return
-    measure(args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db", args.n)
+    url = args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
+    measure(url, args.n, args.rounds)
 
 
-def measure(url: str, n: int) -> None:
-    spawn = mp.get_context("spawn")
-    ours, theirs = mp.Pipe()
-    proc = spawn.Process(target=waiter, args=(url, n, theirs))
+def run_tenure(url: str, n: int) -> list[float]:
+    ours, theirs = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=waiter, args=(url, n, theirs))
     proc.start()
     assert ours.recv() == "ready"
     latencies = asyncio.run(holder(url, n, ours))
     proc.join()
-    print(f"handoff to a waiting process on {url.split(':', maxsplit=1)[0]}, {n} handoffs:")
-    report("tenure", latencies)
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        ours, theirs = mp.Pipe()
-        proc = spawn.Process(target=peer_waiter, args=(url, n, theirs))
-        proc.start()
-        assert ours.recv() == "ready"
-        peer = peer_holder(url, n, ours)
-        proc.join()
-        report("python-redis-lock (BLPOP)", peer)
+    return latencies
+
+
+def run_peer(url: str, n: int) -> list[float]:
+    ours, theirs = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=peer_waiter, args=(url, n, theirs))
+    proc.start()
+    assert ours.recv() == "ready"
+    latencies = peer_holder(url, n, ours)
+    proc.join()
+    return latencies
+
+
+def measure(url: str, n: int, rounds: int) -> None:
+    scheme = url.split(":", maxsplit=1)[0]
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        print(f"handoff to a waiting process on {scheme}, {n} handoffs:")
+        report("tenure", run_tenure(url, n))
+        return
+    per_round = max(1, n // rounds)
+    ours: list[float] = []
+    theirs: list[float] = []
+    ratios: list[float] = []
+    for i in range(rounds):
+        if i % 2:
+            peer, mine = run_peer(url, per_round), run_tenure(url, per_round)
+        else:
+            mine, peer = run_tenure(url, per_round), run_peer(url, per_round)
+        ours += mine
+        theirs += peer
+        ratios.append(statistics.median(mine) / statistics.median(peer))
+    print(f"handoff to a waiting process on {scheme}, {rounds} alternating rounds of {per_round}:")
+    report("tenure", ours)
+    report("python-redis-lock (BLPOP)", theirs)
+    shown = " ".join(f"{r:.2f}" for r in ratios)
+    print(f"  tenure / python-redis-lock, median per round: {shown}")
+    print(f"  (median of the rounds: {statistics.median(ratios):.2f}x)")
 
 
 if __name__ == "__main__":

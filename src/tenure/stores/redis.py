@@ -169,6 +169,8 @@ class RedisStore(Store):
         self._confirmed: dict[bytes, asyncio.Event] = {}
         self._waiting: dict[bytes, set[asyncio.Future[None]]] = {}
         self._withdrawing: set[asyncio.Task[None]] = set()
+        self._poppers: list[Any] = []
+        """Idle connections that queued waiters BLPOP on (single server)."""
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -207,6 +209,8 @@ class RedisStore(Store):
         if self._withdrawing:
             await asyncio.gather(*self._withdrawing, return_exceptions=True)
         await self._drop_lane()
+        while self._poppers:
+            await self._client.connection_pool.release(self._poppers.pop())
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -446,8 +450,9 @@ class RedisStore(Store):
     async def _pop(self, key: str, timeout: float) -> bytes | None:
         """BLPOP one note from ``key``, waiting up to ``timeout`` seconds; None if none came.
 
-        On a single server, pre-encoded on a pooled connection of its own, as
-        the lane does: the note is read the moment it lands.
+        On a single server, pre-encoded on a connection of its own, as the lane
+        does: the note is read the moment it lands. Waiting connections are
+        kept by the store for the next wait (``_poppers``).
         """
         seconds = f"{max(timeout, 0.001):.3f}"
         before = _cancel_requests()
@@ -456,7 +461,7 @@ class RedisStore(Store):
                 answer = await self._client.blpop([key], float(seconds))
             else:
                 pool = self._client.connection_pool
-                conn = await pool.get_connection()
+                conn = self._poppers.pop() if self._poppers else await pool.get_connection()
                 try:
                     packed = _packed(b"BLPOP", key, seconds)
                     await conn.send_packed_command(packed, check_health=False)
@@ -465,9 +470,11 @@ class RedisStore(Store):
                     # A timeout or a cancellation may leave the reply unread.
                     with contextlib.suppress(*_DRIVER_ERRORS):
                         await conn.disconnect(nowait=True)
-                    raise
-                finally:
                     await pool.release(conn)
+                    raise
+                # Kept for the next wait rather than given back to the pool,
+                # whose release would stand between the note and the waiter.
+                self._poppers.append(conn)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         _raise_swallowed_cancel(before)
