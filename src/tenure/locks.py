@@ -23,7 +23,7 @@ from ._aio import shielded as _shielded
 from ._tokens import new_token
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
-from .renewer import LeaseState, Renewer, handover_lease
+from .renewer import LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
 from .stores.base import Grant, Store
 
@@ -386,19 +386,34 @@ class LockService:
 
     async def _acquire_handed_over(self, name: str, ttl: float, wait: float) -> Lock | None:
         """Wait in the store's queue: a release hands the lock over in the same step."""
-        token = new_token()
-        got = await self.store.acquire_waiting(
-            name, token, ttl, self.holder, timeout=wait, handover=handover_lease(ttl)
-        )
-        if got is None:
-            return None
-        # The lease is sure for got.lease seconds from got.sent. As if an
-        # acquire for the whole TTL had been sent earlier: the same local
-        # deadline, and a renewal due at once when the lease is a short hand-over.
-        lock = self._granted(name, token, ttl, got.sent + got.lease - ttl, got.grant)
-        if lock is not None:
-            lock.acquired_at = got.sent
-        return lock
+        deadline = time.monotonic() + wait
+        while True:
+            token = new_token()
+            got = await self.store.acquire_waiting(
+                name,
+                token,
+                ttl,
+                self.holder,
+                timeout=max(deadline - time.monotonic(), 0.0),
+                handover=handover_lease(ttl),
+            )
+            if got is None:
+                return None
+            # The lease is sure for got.lease seconds from got.sent: as if an
+            # acquire for the whole TTL had been sent earlier. The same local
+            # deadline, and a renewal due at once when it is a short hand-over.
+            sent = got.sent + got.lease - ttl
+            if time.monotonic() < sent + ttl - safety_margin(ttl):
+                lock = self._granted(name, token, ttl, sent, got.grant)
+                assert lock is not None
+                lock.acquired_at = got.sent
+                return lock
+            # Handed over while this waiter could not run (a blocked loop, a
+            # stopped process) for longer than the hand-over lease is trusted:
+            # never return a lock that may be gone. Give it back; wait on.
+            await _shielded(self.store.release(name, token))
+            if time.monotonic() >= deadline:
+                return None
 
     async def _acquire_observed(self, name: str, ttl: float, wait: float) -> Lock | None:
         started = time.monotonic()

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from tenure import LockService
-from tenure.renewer import handover_lease
+from tenure.renewer import handover_lease, safety_margin
 from tenure.stores.redis import RedisStore
 
 from ..conftest import STORES
@@ -187,29 +187,59 @@ async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
     waits on the list unread, and on waking the waiter finds the lease is its
     own, by its wait running out (withdraw) or by its next call (enlist)."""
     keys = Keys(url, "paused")
-    assert raw.acquire_now("paused", "t" * 32, TTL, "raw-holder") is not None
     wait = 1.0 if deadline == "passed" else 20.0
     started = time.monotonic()
-    worker.send(f"acquire paused {TTL} {wait}")
-    await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
-    worker.signal(signal.SIGSTOP)
-    stopped = time.monotonic()
-    await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
-    assert raw.release_now("paused", "t" * 32) is True
-    assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
-    assert keys.client.llen(keys.handed) == 1, "the note waits unread"
+    stopped, handed_fence = await stop_across_a_hand_over(keys, raw, worker, wait)
     resume_at = started + wait + 0.2 if deadline == "passed" else stopped + 1.0
     await asyncio.sleep(max(0.0, resume_at - time.monotonic()))
     assert time.monotonic() - stopped < handover_lease(TTL), "the hand-over lease still runs"
     worker.signal(signal.SIGCONT)
     got = worker.read()
     assert got["ok"] is True
-    assert got["fence"] == keys.fence()
+    assert got["fence"] == handed_fence == keys.fence()
     if deadline == "passed":
         assert got["t"] / 1e9 - started >= wait, "its wait had run out"
     assert worker.ask("status") == {"held": True, "lost": False}
     await until(lambda: keys.pttl() > handover_lease(TTL) * 1000)  # renewed to the TTL
     assert worker.ask("release")["released"] is True
+
+
+async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
+    url: str, raw: Any, worker: Worker
+) -> None:
+    """Woken after the hand-over lease stopped being trusted locally (its safety
+    margin) but while the store still has it: the waiter must not return that
+    grant (C9: never a lock it may not have); it gives it back and takes a
+    fresh one."""
+    keys = Keys(url, "stale")
+    _, handed_fence = await stop_across_a_hand_over(keys, raw, worker, 20.0, "stale")
+    handed = time.monotonic()
+    trusted_until = handed + handover_lease(TTL) - safety_margin(TTL)
+    await asyncio.sleep(max(0.0, trusted_until + 0.5 - time.monotonic()))
+    assert keys.fence() == handed_fence, "the store still has the hand-over"
+    assert keys.pttl() > 0
+    worker.signal(signal.SIGCONT)
+    got = worker.read()
+    assert got["ok"] is True
+    assert got["fence"] > handed_fence, "a fresh grant, not the untrusted hand-over"
+    assert worker.ask("status") == {"held": True, "lost": False}
+    assert worker.ask("release")["released"] is True
+
+
+async def stop_across_a_hand_over(
+    keys: Keys, raw: Any, worker: Worker, wait: float, name: str = "paused"
+) -> tuple[float, int]:
+    """Queue the worker, SIGSTOP it, hand it the lock; when it stopped, and the fence."""
+    assert raw.acquire_now(name, "t" * 32, TTL, "raw-holder") is not None
+    worker.send(f"acquire {name} {TTL} {wait}")
+    await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
+    worker.signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
+    assert raw.release_now(name, "t" * 32) is True
+    assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
+    assert keys.client.llen(keys.handed) == 1, "the note waits unread"
+    return stopped, keys.fence()
 
 
 async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
