@@ -343,6 +343,13 @@ async def _force_release(url: str, name: str, yes: bool) -> int:
             "so fenced resources refuse its writes. Recorded: tenure tasks --task "
             f"'tenure.release:{name}'"
         )
+        successor = await store.holder_of(name)
+        if successor is not None:
+            # On Redis the release itself hands the lock to a queued waiter.
+            print(
+                f"{name!r} went straight to a waiter: now held by {successor.holder} "
+                f"(fencing token {successor.fencing_token})"
+            )
         return 0
     finally:
         await store.aclose()

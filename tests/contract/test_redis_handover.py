@@ -25,6 +25,7 @@ from tenure.stores.redis import RedisStore
 
 from ..conftest import STORES
 from ..helpers.procs import Worker
+from ..test_cli import tenure
 
 TTL = 30.0
 """Long on purpose: every hand-over here must happen in far less than a TTL."""
@@ -261,3 +262,24 @@ async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
         assert lock is not None
         assert waited < handover_lease(ttl) + 1.0 < ttl
         await lock.release()
+
+
+async def test_a_forced_release_hands_the_lock_to_the_queued_waiter(url: str) -> None:
+    async with LockService.from_url(url) as stuck, LockService.from_url(url) as waiter:
+        lock = await stuck.acquire("forced", ttl=2)
+        assert lock is not None
+        waiting = asyncio.ensure_future(waiter.acquire("forced", ttl=TTL, wait=20))
+        keys = Keys(url, "forced")
+        await until(lambda: keys.queued() == waiter.holder)
+        done = await asyncio.to_thread(
+            tenure, "release", "forced", "--force", "--yes", "--url", url
+        )
+        assert done.returncode == 0, done.stderr
+        said = " ".join(done.stdout.split())
+        assert f"evicted {stuck.holder}" in said
+        assert f"went straight to a waiter: now held by {waiter.holder}" in said
+        got = await asyncio.wait_for(waiting, 5)
+        assert got is not None and got.fencing_token > lock.fencing_token
+        await asyncio.wait_for(lock.wait_lost(), 5)  # the evicted holder's next renewal
+        assert got.held
+        await got.release()
