@@ -231,11 +231,10 @@ class RedisStore(Store):
     async def _script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        before = _cancel_requests()
         if not self.cluster and not self._lane_busy:
-            answer = await self._script_on_lane(name, keys, args)
-        else:
-            answer = await self._script_in_pool(name, keys, args)
+            return await self._script_on_lane(name, keys, args)
+        before = _cancel_requests()
+        answer = await self._script_in_pool(name, keys, args)
         _raise_swallowed_cancel(before)
         return answer
 
@@ -269,7 +268,9 @@ class RedisStore(Store):
                 conn = self._lane
                 try:
                     if conn is None:
+                        before = _cancel_requests()
                         conn = self._lane = await self._client.connection_pool.get_connection()
+                        _raise_swallowed_cancel(before)
                     await conn.send_packed_command(_evalsha(name, keys, args), check_health=False)
                     return await conn.read_response()
                 except NoScriptError:  # the server restarted or flushed its script cache
@@ -461,7 +462,11 @@ class RedisStore(Store):
                 answer = await self._client.blpop([key], float(seconds))
             else:
                 pool = self._client.connection_pool
-                conn = self._poppers.pop() if self._poppers else await pool.get_connection()
+                if self._poppers:
+                    conn = self._poppers.pop()
+                else:
+                    conn = await pool.get_connection()
+                    _raise_swallowed_cancel(before)
                 try:
                     packed = _packed(b"BLPOP", key, seconds)
                     await conn.send_packed_command(packed, check_health=False)
@@ -477,7 +482,8 @@ class RedisStore(Store):
                 self._poppers.append(conn)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
-        _raise_swallowed_cancel(before)
+        if self.cluster:
+            _raise_swallowed_cancel(before)
         return None if answer is None else answer[1]
 
     async def _abandon(
@@ -823,6 +829,8 @@ def _raise_swallowed_cancel(before: int) -> None:
     nothing is raised. A waiter would then return a lock to a caller that
     cancelled it (an ``asyncio.timeout`` around it would never fire); raised
     here, the caller's cancellation path gives back what the call obtained.
+    Checked after every redis-py call that takes a pooled connection (the
+    lane's own reads and writes do not).
     """
     if _cancel_requests() > before:
         raise asyncio.CancelledError

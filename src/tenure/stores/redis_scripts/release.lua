@@ -13,9 +13,9 @@ if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local queued = redis.call('HMGET', KEYS[3], 'waiter', 'token', 'holder', 'ttl', 'life')
-if queued[1] then
-  local left = redis.call('PTTL', KEYS[3])
+local left = redis.call('PTTL', KEYS[3])
+if left >= 0 then
+  local queued = redis.call('HMGET', KEYS[3], 'waiter', 'token', 'holder', 'ttl', 'life')
   redis.call('DEL', KEYS[3])
   local fence = grant(KEYS[1], KEYS[2], queued[2], queued[4], queued[3])
   local since = tonumber(queued[5]) - math.max(left, 0)
