@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from tenure import ConfigurationError, LockService, StoreUnavailable
+from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
 from tenure.stores.redis import RedisStore
 
@@ -99,6 +100,25 @@ async def test_scripts_are_reloaded_when_the_server_forgot_them(server: RedisSer
         again = await locks.acquire("noscript", ttl=1)
         assert again is not None
         assert again.fencing_token > first.fencing_token
+
+
+def test_the_blocking_store_reloads_scripts_and_reconnects(server: RedisServer) -> None:
+    """tenure.sync sends its scripts pre-encoded on idle connections of its own:
+    a flushed script cache and a restart (every idle connection broken) must
+    each cost one retry, not an error."""
+    with sync.LockService.from_url(server.url) as locks:
+        first = locks.acquire("blocking", ttl=1)
+        assert first is not None and first.release() is True
+        plain = redis.Redis.from_url(server.url)
+        plain.script_flush()
+        plain.close()
+        again = locks.acquire("blocking", ttl=1)
+        assert again is not None and again.fencing_token > first.fencing_token
+        assert again.release() is True
+        server.restart()
+        after = locks.acquire("blocking", ttl=1)
+        assert after is not None and after.fencing_token > again.fencing_token
+        assert after.release() is True
 
 
 async def test_keys_of_one_lock_share_a_hash_slot(server: RedisServer) -> None:

@@ -776,11 +776,15 @@ class _BlockingRedisStore(RedisStore):
             url,
             BlockingRetry,
         )
+        self._idle: list[Any] = []
+        """Idle connections of ``_blocking_on_lane`` (single server)."""
 
     def _blocking_script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
         try:
+            if not self.cluster:
+                return self._blocking_on_lane(name, keys, args)
             try:
                 return self._blocking.evalsha(_SHAS[name], len(keys), *keys, *args)
             except NoScriptError:  # the server restarted or flushed its script cache
@@ -788,6 +792,44 @@ class _BlockingRedisStore(RedisStore):
                 return self._blocking.evalsha(_SHAS[name], len(keys), *keys, *args)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+
+    def _blocking_on_lane(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        """EVALSHA, pre-encoded, on an idle connection of the store's own: the
+        blocking twin of ``_script_on_lane``, with the same retry policy.
+
+        Any thread may call it: each call takes a connection off the idle list
+        (list.pop and append are atomic), or a new one from the pool, and puts
+        it back after reading its reply.
+        """
+        pool = self._blocking.connection_pool
+        reloaded = reconnected = False
+        while True:
+            conn = self._idle.pop() if self._idle else pool.get_connection()
+            try:
+                conn.send_packed_command([_evalsha(name, keys, args)], check_health=False)
+                answer = conn.read_response()
+            except NoScriptError:  # the server restarted or flushed its script cache
+                self._idle.append(conn)
+                if reloaded:
+                    raise
+                reloaded = True
+                self._blocking.script_load(_SOURCES[name])
+                continue
+            except ResponseError:
+                self._idle.append(conn)  # an error reply: the connection itself is fine
+                raise
+            except BaseException as exc:
+                # A timeout or an interruption may leave a reply unread.
+                conn.disconnect()
+                pool.release(conn)
+                if reconnected or not isinstance(exc, RedisConnectionError):
+                    raise
+                reconnected = True
+                continue
+            self._idle.append(conn)
+            return answer
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
         return self.acquire_now(name, token, ttl, holder)
@@ -811,6 +853,8 @@ class _BlockingRedisStore(RedisStore):
         return _BlockingRedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
 
     async def aclose(self) -> None:
+        while self._idle:
+            self._blocking.connection_pool.release(self._idle.pop())
         self._blocking.close()
         await super().aclose()
 
