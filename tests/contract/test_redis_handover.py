@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import redis
 
-from tenure import LockService
+from tenure import Lock, LockService
 from tenure.renewer import handover_lease, safety_margin
 from tenure.stores.redis import RedisStore
 
@@ -81,14 +81,26 @@ async def until(check: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+HELD = "t" * 32
+"""The token of the raw holder the tests start from."""
+
+
+async def queued_waiter(
+    raw: Any, keys: Keys, locks: LockService, name: str, wait: float = 10.0
+) -> asyncio.Future[Lock | None]:
+    """``name`` held by a raw grant, and an acquire of ``locks`` queued for it."""
+    assert raw.acquire_now(name, HELD, TTL, "raw-holder") is not None
+    waiting = asyncio.ensure_future(locks.acquire(name, ttl=TTL, wait=wait))
+    await until(lambda: keys.queued() == locks.holder)
+    return waiting
+
+
 async def test_a_release_hands_the_lock_to_the_queued_waiter(url: str, raw: Any) -> None:
     keys = Keys(url, "h")
-    assert raw.acquire_now("h", "t" * 32, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as locks:
-        waiting = asyncio.ensure_future(locks.acquire("h", ttl=TTL, wait=10))
-        await until(lambda: keys.queued() == locks.holder)
+        waiting = await queued_waiter(raw, keys, locks, "h")
         before = keys.fence()
-        assert raw.release_now("h", "t" * 32) is True
+        assert raw.release_now("h", HELD) is True
         # The release itself granted it: the waiter has not run since.
         assert not waiting.done()
         assert keys.holder() == locks.holder
@@ -106,14 +118,14 @@ async def test_a_release_hands_the_lock_to_the_queued_waiter(url: str, raw: Any)
 
 async def test_waiters_take_turns_in_the_queue(url: str, raw: Any) -> None:
     keys = Keys(url, "turns")
-    assert raw.acquire_now("turns", "t" * 32, TTL, "raw-holder") is not None
+    assert raw.acquire_now("turns", HELD, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as first, LockService.from_url(url) as second:
         a = asyncio.ensure_future(first.acquire("turns", ttl=TTL, wait=10))
         await until(lambda: keys.queued() == first.holder)
         b = asyncio.ensure_future(second.acquire("turns", ttl=TTL, wait=10))
         await asyncio.sleep(0.2)
         assert keys.queued() == first.holder, "one waiter is queued; the other waits its turn"
-        raw.release_now("turns", "t" * 32)
+        raw.release_now("turns", HELD)
         lock_a = await asyncio.wait_for(a, 5)
         assert lock_a is not None and not b.done()
         # The release woke the other waiter, which queued itself next.
@@ -127,29 +139,25 @@ async def test_waiters_take_turns_in_the_queue(url: str, raw: Any) -> None:
 
 async def test_a_waiter_that_times_out_leaves_the_queue(url: str, raw: Any) -> None:
     keys = Keys(url, "late")
-    assert raw.acquire_now("late", "t" * 32, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as locks:
         started = time.monotonic()
-        waiting = asyncio.ensure_future(locks.acquire("late", ttl=TTL, wait=0.5))
-        await until(lambda: keys.queued() == locks.holder)
+        waiting = await queued_waiter(raw, keys, locks, "late", wait=0.5)
         assert await waiting is None
         assert time.monotonic() - started >= 0.5
         assert keys.queued() is None
-        assert raw.release_now("late", "t" * 32) is True
+        assert raw.release_now("late", HELD) is True
         assert keys.holder() is None, "nobody was queued: nothing was handed over"
 
 
 async def test_a_cancelled_waiter_leaves_the_queue(url: str, raw: Any) -> None:
     keys = Keys(url, "gone")
-    assert raw.acquire_now("gone", "t" * 32, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as locks:
-        waiting = asyncio.ensure_future(locks.acquire("gone", ttl=TTL, wait=10))
-        await until(lambda: keys.queued() == locks.holder)
+        waiting = await queued_waiter(raw, keys, locks, "gone")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await until(lambda: keys.queued() is None)
-        assert raw.release_now("gone", "t" * 32) is True
+        assert raw.release_now("gone", HELD) is True
         assert keys.holder() is None
 
 
@@ -157,11 +165,9 @@ async def test_a_waiter_cancelled_after_the_hand_over_gives_the_lock_back(
     url: str, raw: Any
 ) -> None:
     keys = Keys(url, "given")
-    assert raw.acquire_now("given", "t" * 32, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as locks, LockService.from_url(url) as third:
-        waiting = asyncio.ensure_future(locks.acquire("given", ttl=TTL, wait=10))
-        await until(lambda: keys.queued() == locks.holder)
-        raw.release_now("given", "t" * 32)
+        waiting = await queued_waiter(raw, keys, locks, "given")
+        raw.release_now("given", HELD)
         assert keys.holder() == locks.holder, "handed over before the waiter could read it"
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -231,13 +237,13 @@ async def stop_across_a_hand_over(
     keys: Keys, raw: Any, worker: Worker, wait: float, name: str = "paused"
 ) -> tuple[float, int]:
     """Queue the worker, SIGSTOP it, hand it the lock; when it stopped, and the fence."""
-    assert raw.acquire_now(name, "t" * 32, TTL, "raw-holder") is not None
+    assert raw.acquire_now(name, HELD, TTL, "raw-holder") is not None
     worker.send(f"acquire {name} {TTL} {wait}")
     await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
     worker.signal(signal.SIGSTOP)
     stopped = time.monotonic()
     await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
-    assert raw.release_now(name, "t" * 32) is True
+    assert raw.release_now(name, HELD) is True
     assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
     assert keys.client.llen(keys.handed) == 1, "the note waits unread"
     return stopped, keys.fence()
@@ -248,12 +254,12 @@ async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
 ) -> None:
     keys = Keys(url, "dead")
     ttl = 10.0
-    assert raw.acquire_now("dead", "t" * 32, ttl, "raw-holder") is not None
+    assert raw.acquire_now("dead", HELD, ttl, "raw-holder") is not None
     worker.send(f"acquire dead {ttl} 30")
     await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
     worker.signal(signal.SIGKILL)
     worker.proc.wait()
-    assert raw.release_now("dead", "t" * 32) is True
+    assert raw.release_now("dead", HELD) is True
     released = time.monotonic()
     assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a dead process"
     async with LockService.from_url(url) as locks:
