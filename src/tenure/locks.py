@@ -81,7 +81,8 @@ class Lock(LeaseState):
         self._service = service
         self.fencing_token = fence
         self.acquired_at = sent
-        """``time.monotonic()`` when the acquire that granted it was sent."""
+        """``time.monotonic()`` when the acquire that granted it was sent (for a
+        lock a release handed over: a time no later than the hand-over)."""
 
     def on_lost(self, reason: str) -> None:
         hooks = self._service._hooks

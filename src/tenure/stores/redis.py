@@ -21,22 +21,25 @@ connection; a timed-out one is not.
   believing it holds a lock that another client can now acquire, until its
   next renewal finds the token gone. With ``appendonly yes`` and
   ``appendfsync always`` the leases survive a restart.
-* Waiters subscribe to the lease's release channel before they look at the
-  lease, so a release between the two cannot be missed; they also wake when
+* Waiters that are not queued (below) subscribe to the lease's release
+  channel before they look at the lease again, so a release between the two
+  cannot be missed; they also wake when
   the lease's remaining time (``PTTL``) runs out. A channel stays subscribed
   a few seconds after its last waiter left.
 * Grant on release: one waiter per lock queues itself (``...:next``, with its
   token) in the script that finds the lock held, and calls again every third
   of ``_QUEUE_LIFE`` to keep its entry alive. The release script hands the
-  lease straight to it and says so in its message, so the new holder needs no
-  round trip after waking. The handed-over lease is short
+  lease straight to it and pushes a note onto ``...:handed``, on which the
+  waiter blocks in ``BLPOP``: it holds the lock as soon as it reads the note,
+  with no round trip of its own. The handed-over lease is short
   (``renewer.handover_lease``: the new holder's renewer extends it at once):
   a queued waiter that died costs the name a second or two, not a whole TTL.
 * Speed: on a single server each script call is written pre-encoded on a
   connection the store keeps pinned (its *lane*), bypassing redis-py's general
   command path, which costs more than the round trip; concurrent calls that
   find it busy use the pool. Blocking callers (``tenure.sync``) get a variant
-  that acquires and releases through redis-py's blocking client.
+  that acquires and releases the same way through redis-py's blocking
+  connections, on the caller's thread.
 """
 
 from __future__ import annotations
@@ -462,12 +465,9 @@ class RedisStore(Store):
                 answer = await self._client.blpop([key], float(seconds))
             else:
                 pool = self._client.connection_pool
-                if self._poppers:
-                    conn = self._poppers.pop()
-                else:
-                    conn = await pool.get_connection()
-                    _raise_swallowed_cancel(before)
+                conn = self._poppers.pop() if self._poppers else await pool.get_connection()
                 try:
+                    _raise_swallowed_cancel(before)  # (taking a pooled connection)
                     packed = _packed(b"BLPOP", key, seconds)
                     await conn.send_packed_command(packed, check_health=False)
                     answer = await conn.read_response(timeout=timeout + 2.0)
