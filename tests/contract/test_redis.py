@@ -181,3 +181,15 @@ def test_a_missing_driver_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert "pip install 'tenure[redis]'" in out
+
+
+def test_redis_cluster_on_a_redis_py_without_cluster_pub_sub_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py before 8.0 has no asyncio cluster pub/sub, which waiters need:
+    refused at start-up, not at the first wait."""
+    import redis.asyncio as aioredis
+
+    monkeypatch.delattr(aioredis.RedisCluster, "pubsub")
+    with pytest.raises(ConfigurationError, match=r"redis-py 8\.0 or newer"):
+        LockService.from_url("redis://127.0.0.1:7000/0?cluster=true")

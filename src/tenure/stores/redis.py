@@ -159,6 +159,12 @@ class RedisStore(Store):
             raise ConfigurationError(
                 f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
             )
+        if cluster and not hasattr(aioredis.RedisCluster, "pubsub"):
+            raise ConfigurationError(
+                f"Redis Cluster needs redis-py 8.0 or newer (its asyncio cluster client "
+                f"gained pub/sub, which waiters use); this is {redis_sync.__version__}: "
+                "pip install -U 'redis[hiredis]'"
+            )
         self.url = url
         self.prefix = prefix
         self.cluster = cluster
