@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
-from tenure.stores.redis import RedisStore
+from tenure.stores.redis import RedisStore, _release
 
 from ..helpers.procs import ROOT
 from ..servers import RedisServer, self_signed_cert
@@ -183,13 +183,24 @@ def test_a_missing_driver_names_the_extra() -> None:
     assert "pip install 'tenure[redis]'" in out
 
 
-def test_redis_cluster_on_a_redis_py_without_cluster_pub_sub_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("version", ["7.4.0", "8.0.1", "8.1.0", "8.1.0rc1"])
+def test_redis_cluster_on_an_older_redis_py_is_refused(
+    monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
-    """redis-py before 8.0 has no asyncio cluster pub/sub, which waiters need:
-    refused at start-up, not at the first wait."""
-    import redis.asyncio as aioredis
-
-    monkeypatch.delattr(aioredis.RedisCluster, "pubsub")
-    with pytest.raises(ConfigurationError, match=r"redis-py 8\.0 or newer"):
+    """Before 8.0 redis-py's asyncio cluster client has no pub/sub, which waiters
+    need; 8.0 and 8.1 disconnect pooled connections under commands in flight
+    (seen here as AttributeError and "Connection closed by server" with eight
+    threads contending): refused at start-up, not at the first failure."""
+    monkeypatch.setattr(redis, "__version__", version)
+    with pytest.raises(ConfigurationError, match=rf"redis-py 8\.2 or newer.*this is {version}"):
         LockService.from_url("redis://127.0.0.1:7000/0?cluster=true")
+    # A single server has no such limit.
+    LockService.from_url("redis://127.0.0.1:7000/0")
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("8.2.0", (8, 2, 0)), ("8.10.1", (8, 10, 1)), ("9.0.0b2", (9, 0, 0)), ("10", (10,))],
+)
+def test_redis_py_versions_compare_as_numbers(version: str, release: tuple[int, ...]) -> None:
+    assert _release(version) == release

@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -89,6 +90,21 @@ every third of that): how long a dead waiter can stay queued."""
 _SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record")
 _GRANTING = ("acquire", "enlist", "release")
 """The scripts that start with _grant.lua's grant()."""
+
+
+_CLUSTER_NEEDS = (8, 2)
+"""The oldest redis-py whose asyncio cluster client tenure runs on (see RedisStore)."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"8.2.0"`` -> ``(8, 2, 0)``; a pre-release suffix counts as its release."""
+    numbers = []
+    for part in version.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
 
 
 def _read_script(name: str) -> str:
@@ -159,11 +175,12 @@ class RedisStore(Store):
             raise ConfigurationError(
                 f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
             )
-        if cluster and not hasattr(aioredis.RedisCluster, "pubsub"):
+        if cluster and _release(redis_sync.__version__) < _CLUSTER_NEEDS:
             raise ConfigurationError(
-                f"Redis Cluster needs redis-py 8.0 or newer (its asyncio cluster client "
-                f"gained pub/sub, which waiters use); this is {redis_sync.__version__}: "
-                "pip install -U 'redis[hiredis]'"
+                "Redis Cluster needs redis-py 8.2 or newer (before 8.0 its asyncio cluster "
+                "client has no pub/sub, which waiters use; 8.0 and 8.1 can close a connection "
+                "under a command that is using it when several run at once); this is "
+                f"{redis_sync.__version__}: pip install -U 'redis[hiredis]'"
             )
         self.url = url
         self.prefix = prefix
