@@ -9,6 +9,7 @@ import pytest
 
 from tenure import ConfigurationError, InvalidArgument, LockService, TenureError
 from tenure._validate import MAX_NAME_BYTES, MIN_TTL
+from tenure.stores import from_url as store_from_url
 
 BAD_NAMES: list[tuple[Any, str]] = [
     ("", "empty"),
@@ -118,6 +119,27 @@ def test_password_in_a_bad_url_is_masked() -> None:
         LockService.from_url("mysql://user:hunter2@localhost/db")
     assert "hunter2" not in str(caught.value)
     assert "user:***@localhost" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://app:hunter2@127.0.0.1:1/0", "redis://app:***@127.0.0.1:1/0"),
+        ("unix:///run/r.sock?db=2&password=hunter2", "unix:///run/r.sock?db=2&password=***"),
+        ("unix://:hunter2@/run/r.sock?db=2", "unix://:***@/run/r.sock?db=2"),
+        (
+            "postgresql://127.0.0.1:1/db?password=hunter2",
+            "postgresql://127.0.0.1:1/db?password=***",
+        ),
+    ],
+)
+def test_a_store_describes_itself_without_its_password(url: str, shown: str) -> None:
+    """Both places a URL can carry a password (before the host, and the
+    ``password=`` option redis-py and libpq take), in the text every error and
+    the CLI use."""
+    store = store_from_url(url)
+    assert store.describe().startswith(shown)  # PostgreSQL adds its connect_timeout
+    assert "hunter2" not in store.describe()
 
 
 @pytest.mark.parametrize("url", ["memory://x/path", "memory://x?opt=1"])

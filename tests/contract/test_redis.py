@@ -70,6 +70,41 @@ async def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:
         tls.stop()
 
 
+def test_a_unix_socket_with_a_database_number_and_query_options(tmp_path: Path) -> None:
+    """``unix://`` with ``?db=`` and redis-py's own options, on both APIs: the
+    keys land in that database, with the prefix the URL names, and nowhere else."""
+    sock = tmp_path / "redis.sock"
+    own = RedisServer("--unixsocket", str(sock), "--unixsocketperm", "700")
+    try:
+        url = f"unix://{sock}?db=3&socket_timeout=1.5&prefix=app"
+
+        async def asyncio_api() -> int:
+            async with LockService.from_url(url) as locks:
+                lock = await locks.acquire("over-unix", ttl=1)
+                assert lock is not None
+                await asyncio.sleep(0.5)  # a renewal, on the renewer's own connection
+                assert lock.held
+                assert [i.name for i in await locks.store.holders()] == ["over-unix"]
+                assert await lock.release() is True
+                return lock.fencing_token
+
+        first = asyncio.run(asyncio_api())
+        with sync.LockService.from_url(url) as blocking:
+            again = blocking.acquire("over-unix", ttl=1)
+            assert again is not None and again.fencing_token > first
+            in_db3 = redis.Redis(unix_socket_path=str(sock), db=3)
+            in_db0 = redis.Redis(unix_socket_path=str(sock), db=0)
+            try:
+                assert sorted(in_db3.keys()) == [b"{app:over-unix}:fence", b"{app:over-unix}:lease"]
+                assert in_db0.keys() == []
+            finally:
+                in_db3.close()
+                in_db0.close()
+            assert again.release() is True
+    finally:
+        own.stop()
+
+
 async def test_fencing_keeps_increasing_across_an_empty_restart(server: RedisServer) -> None:
     async with LockService.from_url(server.url) as locks:
         lock = await locks.acquire("restart", ttl=1)

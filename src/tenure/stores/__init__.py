@@ -9,7 +9,7 @@ imports cleanly with no optional driver installed. Each store class offers
 from __future__ import annotations
 
 import importlib
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import ConfigurationError
 from .base import Grant, LeaseInfo, RenewItem, Store
@@ -34,13 +34,21 @@ def known_schemes() -> tuple[str, ...]:
 
 
 def _mask(url: str) -> str:
-    """The URL with any password replaced, safe to put in a message."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+    """The URL with any password replaced, safe to put in a message: the one
+    before the host and a ``password=`` query option (redis-py and libpq take both)."""
+    base, mark, query = url.partition("?")
+    if mark:
+        options = parse_qsl(query, keep_blank_values=True)
+        if any(key.lower() == "password" for key, _ in options):
+            masked = [(k, "***" if k.lower() == "password" else v) for k, v in options]
+            query = urlencode(masked, safe="*/")
+    parts = urlsplit(base)
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        # Spliced, not urlunsplit: that writes unix:///path back as unix:/path.
+        base = base.replace(parts.netloc, f"{user}:***@{netloc}", 1)
+    return f"{base}{mark}{query}"
 
 
 def from_url(url: str) -> Store:

@@ -55,7 +55,7 @@ import time
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis as redis_sync
 import redis.asyncio as aioredis
@@ -214,7 +214,10 @@ class RedisStore(Store):
                 cluster = value.lower() in ("true", "yes", "1")
             else:
                 rest.append((key, value))
-        clean = urlunsplit(parts._replace(query=urlencode(rest)))
+        # Not urlunsplit: it writes unix:///path (no host) back as unix:/path,
+        # which redis-py refuses.
+        base = url.partition("?")[0].partition("#")[0]
+        clean = f"{base}?{urlencode(rest)}" if rest else base
         return cls(clean, prefix=prefix, cluster=cluster)
 
     def describe(self) -> str:
