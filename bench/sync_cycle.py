@@ -5,9 +5,14 @@ Side by side, interleaved in rounds, in one run:
 * SQLite: ``tenure.sync`` against a hand-written sqlite3 lease cycle (WAL,
   ``synchronous=NORMAL``; see bench/sqlite_cycle.py) and the asyncio API;
 * Redis (a throwaway ``redis-server``, or ``--redis URL``): ``tenure.sync``
-  against redis-py's blocking ``Lock`` and two blocking ``PING``s.
+  against redis-py's blocking ``Lock`` and two blocking ``PING``s;
+* PostgreSQL (a throwaway cluster, or ``--postgres URL``): ``tenure.sync``
+  against two blocking ``SELECT 1`` and the hand-written lease cycle of
+  bench/postgres_cycle.py on a blocking psycopg connection (autocommit,
+  statements prepared).
 
     python bench/sync_cycle.py [--n 2000] [--rounds 7] [--redis redis://...]
+                               [--postgres postgresql://...]
 """
 
 from __future__ import annotations
@@ -21,12 +26,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import redis
 
 import tenure
 from tenure.sync import LockService
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.servers import PostgresServer
+
+from postgres_cycle import HAND_ACQUIRE, HAND_RELEASE, HAND_TABLE
 from redis_cycle import redis_server
 from sqlite_cycle import hand_written, lease_cycle
 
@@ -115,11 +125,44 @@ def redis_cycles(url: str, n: int, rounds: int) -> None:
     report(f"Redis, {rounds} rounds x {n} (median):", results, floor="two PINGs (blocking)")
 
 
+def postgres_cycles(url: str, n: int, rounds: int) -> None:
+    conn = psycopg.connect(url, autocommit=True, prepare_threshold=0)
+    conn.execute(HAND_TABLE)
+    results: dict[str, list[float]] = {}
+    with LockService.from_url(url) as locks:
+
+        def two_selects() -> None:
+            conn.execute("SELECT 1").fetchone()
+            conn.execute("SELECT 1").fetchone()
+
+        def hand_cycle() -> None:
+            assert conn.execute(HAND_ACQUIRE, ("bench:hand", "t")).fetchone() is not None
+            conn.execute(HAND_RELEASE, ("bench:hand", "t"))
+
+        def sync_cycle() -> None:
+            lock = locks.acquire("bench:sync")
+            assert lock is not None
+            lock.release()
+
+        contenders = {
+            "two SELECT 1 (blocking)": two_selects,
+            "hand-written lease cycle": hand_cycle,
+            "tenure.sync acquire+release": sync_cycle,
+        }
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                results.setdefault(name, []).append(time_sync(fn, n))
+    conn.close()
+    title = f"PostgreSQL, {rounds} rounds x {n} (median):"
+    report(title, results, floor="hand-written lease cycle")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--redis", help="a Redis URL (default: a throwaway redis-server)")
+    parser.add_argument("--postgres", help="a PostgreSQL URL (default: a throwaway cluster)")
     args = parser.parse_args()
     sqlite(args.n, args.rounds)
     if args.redis:
@@ -127,6 +170,14 @@ def main() -> None:
     else:
         with redis_server() as url:
             redis_cycles(url, args.n, args.rounds)
+    if args.postgres:
+        postgres_cycles(args.postgres, args.n, args.rounds)
+    else:
+        server = PostgresServer()
+        try:
+            postgres_cycles(server.url(), args.n, args.rounds)
+        finally:
+            server.stop()
 
 
 if __name__ == "__main__":

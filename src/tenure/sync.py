@@ -15,11 +15,13 @@ names as the asyncio API, minus ``await``::
 
 One source of truth: this module holds no lock logic of its own. Every call
 goes to the asyncio core (``tenure.LockService``), either on the calling thread
-(stores whose acquire and release complete at once, SQLite and memory: no
+(stores whose acquire and release complete at once: SQLite and memory, and the
+blocking variants of Redis and PostgreSQL from ``Store.for_blocking``: no
 thread hop, so a blocking acquire costs what an async one does) or through one
-event-loop thread per service (Redis, PostgreSQL: their connections live on
-that loop). The core's renewer thread keeps every held lock alive whatever the
-calling thread does, CPU-bound work included.
+event-loop thread per service (waits, etcd, and everything but acquire and
+release: the asyncio connections live on that loop). The core's renewer thread
+keeps every held lock alive whatever the calling thread does, CPU-bound work
+included.
 
 * **Threads.** A service may be used from any number of threads at once; a
   lock acquired in one thread may be released from another.

@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,9 +14,9 @@ from urllib.parse import quote
 
 import pytest
 
-from tenure import ConfigurationError, LockService, StoreUnavailable
+from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.stores.base import RenewItem
-from tenure.stores.postgres import PostgresStore
+from tenure.stores.postgres import PostgresStore, _BlockingPostgresStore
 
 from ..conftest import postgres_server
 from ..helpers.procs import ROOT
@@ -181,6 +182,80 @@ async def test_renewals_right_after_a_restart_do_not_wait_out_the_pools_backoff(
         assert took < 0.8, f"{took:.2f} s: waited for the pool's reconnection backoff"
     finally:
         await store.aclose()
+
+
+def test_the_blocking_api_acquires_and_releases_on_the_callers_thread() -> None:
+    url = f"{postgres_server().url()}?prefix={_prefix()}&pool_max=2"
+    with sync.LockService.from_url(url) as locks:
+        store = locks.store
+        assert isinstance(store, _BlockingPostgresStore) and store.completes_at_once
+        lock = locks.acquire("plain", ttl=1)
+        assert lock is not None and lock.release() is True
+        assert locks._portal._loop is None, "acquire and release made no hop to a loop thread"
+        # Threads share the idle connections; at most pool_max stay open.
+        grants: list[int] = []
+
+        def work(i: int) -> None:
+            for _ in range(20):
+                got = locks.acquire(f"thread-{i}", ttl=1)
+                assert got is not None
+                grants.append(got.fencing_token)
+                assert got.release() is True
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(grants) == 120 and len(set(grants)) == 120
+        assert 1 <= len(store._idle) <= 2
+        # A waiting acquire still goes through the loop thread's waiters.
+        held = locks.acquire("waited-for", ttl=1)
+        assert held is not None
+        threading.Timer(0.3, held.release).start()
+        waited = locks.acquire("waited-for", ttl=1, wait=5)
+        assert waited is not None and waited.fencing_token > held.fencing_token
+        assert waited.release() is True
+
+
+def test_the_blocking_store_fails_closed_on_a_stopped_server(server: PostgresServer) -> None:
+    """psycopg's blocking calls wait for ever on a server that stopped answering:
+    the blocking store's watchdog thread severs the statement at ``timeout``."""
+    with sync.LockService.from_url(f"{server.url()}?timeout=0.5") as locks:
+        first = locks.acquire("paused", ttl=1)
+        assert first is not None and first.release() is True
+        server.pause()
+        try:
+            with pytest.raises(StoreUnavailable, match=r"did not answer within 0\.5 s") as caught:
+                locks.acquire("paused", ttl=1)
+            assert caught.value.__cause__ is not None
+        finally:
+            server.resume()
+        # The severed acquire may still run once the server resumes (it was in
+        # the server's socket buffer): a grant nobody holds, which lapses by
+        # itself within its TTL.
+        again = locks.acquire("paused", ttl=1, wait=3)
+        assert again is not None and again.fencing_token > first.fencing_token
+        assert again.release() is True
+
+
+def test_the_blocking_store_rides_through_a_restart(server: PostgresServer) -> None:
+    """Every idle connection dies with the server; the first statement after the
+    restart drops them all and is sent once more on a new connection."""
+    with sync.LockService.from_url(server.url()) as locks:
+        store = locks.store
+        assert isinstance(store, _BlockingPostgresStore)
+        lock = locks.acquire("restart", ttl=5)
+        assert lock is not None
+        taken = [store._take() for _ in range(3)]
+        for conn, cur in taken:
+            store._give_back(conn, cur)
+        server.restart()  # SIGKILL of every server process, then start on the same data
+        assert lock.release() is True
+        assert all(conn.closed for conn, _ in taken), "the restart bit: they were dropped"
+        again = locks.acquire("restart", ttl=5)
+        assert again is not None and again.fencing_token > lock.fencing_token
+        assert again.release() is True
 
 
 async def test_scram_password_authentication() -> None:

@@ -120,9 +120,11 @@ class Store(ABC):
     """True when :meth:`acquire` and :meth:`release` never suspend and need no
     running event loop (their I/O is synchronous and short, as SQLite's is).
     Such a store also offers them as plain calls, :meth:`acquire_now` and
-    :meth:`release_now` (the async methods call those), which the blocking
-    API (``tenure.sync``) makes on the caller's thread: no event loop, no
-    coroutine."""
+    :meth:`release_now`, which the blocking API (``tenure.sync``) makes on the
+    caller's thread: no event loop, no coroutine. On SQLite, memory and
+    Redis's blocking variant the async methods call those; PostgreSQL's
+    blocking variant (:meth:`for_blocking`) keeps asyncio ones for its
+    callers on an event loop (waiters)."""
 
     grants_on_release: ClassVar[bool] = False
     """True when the store offers :meth:`acquire_waiting`: a release hands the

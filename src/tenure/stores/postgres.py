@@ -57,6 +57,9 @@ How it stays correct
   connection shut down (so the pool replaces it) and raises StoreUnavailable;
   a pooled connection that the server closed (a restart) is replaced and the
   statement retried once.
+* **Blocking callers** (``tenure.sync``, through ``for_blocking()``) acquire
+  and release on their own thread with psycopg's blocking connections, the
+  same statements under the same rules (``_BlockingPostgresStore``).
 * **Schema.** Created on first use, idempotently, under a transaction-scoped
   advisory lock so that instances starting together do not collide; the
   version is recorded in ``<prefix>_meta``. ``tenure schema --url URL`` prints
@@ -71,7 +74,9 @@ import dataclasses
 import logging
 import math
 import socket
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -116,7 +121,7 @@ class _InFlight:
 
     __slots__ = ("conn", "fired", "registry", "started")
 
-    def __init__(self, registry: set[_InFlight], conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, registry: set[_InFlight], conn: psycopg.BaseConnection[Any]) -> None:
         self.registry = registry
         self.conn = conn
         self.started = time.monotonic()
@@ -226,7 +231,7 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
     )
 
 
-def _sever(conn: psycopg.AsyncConnection[Any]) -> None:
+def _sever(conn: psycopg.BaseConnection[Any]) -> None:
     """Shut the connection's socket down so that a statement waiting on it fails now.
 
     shutdown() acts on the socket whatever family the duplicate is given, so
@@ -238,6 +243,16 @@ def _sever(conn: psycopg.AsyncConnection[Any]) -> None:
         return
     with contextlib.suppress(OSError), socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as s:
         s.shutdown(socket.SHUT_RDWR)
+
+
+def _sever_overdue(in_flight: set[_InFlight], timeout: float) -> None:
+    """Sever the connection of every statement in ``in_flight`` older than ``timeout``."""
+    overdue = time.monotonic() - timeout
+    # list(): a copy made in one step, while other threads add and discard.
+    for statement in list(in_flight):
+        if statement.started < overdue and not statement.fired:
+            statement.fired = True
+            _sever(statement.conn)
 
 
 class PostgresStore(Store):
@@ -413,7 +428,14 @@ class PostgresStore(Store):
 
     def sibling(self) -> PostgresStore:
         # A psycopg pool belongs to the event loop that opened it.
-        return PostgresStore(
+        return self._twin(PostgresStore)
+
+    def for_blocking(self) -> Store:
+        return self._twin(_BlockingPostgresStore)
+
+    def _twin(self, kind: type[PostgresStore]) -> PostgresStore:
+        """A store of ``kind`` with this one's URL and options, sharing its data."""
+        return kind(
             self.url,
             schema=self.schema,
             prefix=self.prefix,
@@ -571,11 +593,7 @@ class PostgresStore(Store):
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.timeout / 4)
-            overdue = time.monotonic() - self.timeout
-            for statement in list(self._in_flight):
-                if statement.started < overdue and not statement.fired:
-                    statement.fired = True
-                    _sever(statement.conn)
+            _sever_overdue(self._in_flight, self.timeout)
 
     async def _ensure_schema(self) -> None:
         """Create the tables unless they exist; check their version. Once per store family."""
@@ -814,6 +832,192 @@ class PostgresStore(Store):
     async def prune(self, *, keep_runs: int) -> int:
         rows = await self._query(self._sql_prune, (keep_runs,))
         return int(rows[0][0])
+
+
+_Idle = tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]
+
+
+class _BlockingPostgresStore(PostgresStore):
+    """The PostgreSQL store for blocking callers (``tenure.sync``).
+
+    Acquire and release run on the caller's thread through psycopg's blocking
+    connections: the same statements, results and failure rules as
+    ``PostgresStore._query``, without the hop to the service's loop thread
+    (which cost a blocking acquire+release about 240 µs, most of what a
+    hand-written blocking cycle costs in all). Everything else (waiters, the
+    CLI's reads, close) stays on the asyncio methods, on that loop thread;
+    the renewer has its own ``sibling()``.
+
+    * Connections: each call takes one off an idle list (``list.pop`` and
+      ``append`` are atomic, so any thread may call), or opens one, and puts
+      it back after the statement; at most ``pool_max`` are kept idle.
+    * Timeouts: a watchdog thread severs the connection of a statement that
+      outlasts ``timeout``, as the asyncio store's watchdog task does; psycopg's
+      blocking calls cannot be interrupted any other way.
+    * A connection the server closed (a restart) drops every idle one, which
+      died with it, and the statement is sent once more on a new connection.
+    """
+
+    completes_at_once: ClassVar[bool] = True
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._idle: list[_Idle] = []
+        self._statements: set[_InFlight] = set()
+        self._watchdog_thread: threading.Thread | None = None
+        self._watchdog_guard = threading.Lock()
+        self._stop_watching = threading.Event()
+        # The thread holds no reference to the store: dropping it stops the thread.
+        weakref.finalize(self, self._stop_watching.set)
+        self._schema_guard = threading.Lock()
+        self._connect_options: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": None if self.pooler == "transaction" else 0,
+        }
+        if "connect_timeout" not in conninfo_to_dict(url):
+            # libpq waits forever by default; its minimum is 2 seconds.
+            self._connect_options["connect_timeout"] = max(2, math.ceil(self.timeout))
+
+    def for_blocking(self) -> Store:
+        return self
+
+    def sibling(self) -> PostgresStore:
+        # Of the same kind, so that a forked child's reconnected service still
+        # acquires on the caller's thread; the renewer only uses its asyncio side.
+        return self._twin(_BlockingPostgresStore)
+
+    async def aclose(self) -> None:
+        self._stop_watching.set()
+        self._drop_idle()
+        await super().aclose()
+
+    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        rows = self._query_now(self._sql_acquire, (name, token, holder, ttl))
+        return Grant(rows[0][0]) if rows else None
+
+    def release_now(self, name: str, token: str) -> bool:
+        rows = self._query_now(self._sql_release, (name, token, self._names.channel))
+        return bool(rows and rows[0][0])
+
+    def _query_now(self, query: str, params: Sequence[Any]) -> list[Any]:
+        """``_query`` as a plain call on the caller's thread (see the class docstring)."""
+        if not self._shared.schema_ready:
+            self._ensure_schema_now()
+        for attempt in (1, 2):
+            conn, cur = self._take()
+            statement = self._watched(conn)
+            try:
+                with statement:
+                    cur.execute(query, params)
+                    rows = cur.fetchall() if cur.rownumber is not None else []
+            except psycopg.OperationalError as exc:
+                lost = conn.closed
+                conn.close()
+                if statement.fired:
+                    raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc
+                if attempt == 2 or not lost:
+                    raise self._unavailable(exc) from exc
+                # The server closed it (a restart), and the idle ones with it.
+                log.debug("a PostgreSQL connection was closed, retrying: %s", exc)
+                self._drop_idle()
+                continue
+            except psycopg.Error as exc:
+                self._give_back(conn, cur)
+                raise self._unavailable(exc) from exc
+            except BaseException:
+                conn.close()  # interrupted mid-statement: its reply may be unread
+                raise
+            self._give_back(conn, cur)
+            return rows
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _take(self) -> _Idle:
+        try:
+            return self._idle.pop()
+        except IndexError:  # none idle (another thread may just have taken the last)
+            pass
+        conn = self._connect_now()
+        return conn, conn.cursor()
+
+    def _connect_now(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreUnavailable(f"the store {self.describe()} is closed")
+        try:
+            return psycopg.Connection.connect(self.url, **self._connect_options)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "refused a connection") from exc
+
+    def _give_back(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any]) -> None:
+        if (
+            not conn.closed
+            and conn.pgconn.transaction_status == _IDLE
+            and len(self._idle) < self.pool_max
+            and not self._closed
+        ):
+            self._idle.append((conn, cur))
+        else:
+            conn.close()
+
+    def _drop_idle(self) -> None:
+        while True:
+            try:
+                conn, _ = self._idle.pop()
+            except IndexError:
+                return
+            conn.close()
+
+    def _watched(self, conn: psycopg.Connection[Any]) -> _InFlight:
+        """Enter around a statement on ``conn``: severed if it outlasts ``timeout``."""
+        if self._watchdog_thread is None:
+            with self._watchdog_guard:
+                if self._watchdog_thread is None:
+                    thread = threading.Thread(
+                        target=_watch_statements,
+                        args=(self._statements, self.timeout, self._stop_watching),
+                        name="tenure-postgres-watchdog",
+                        daemon=True,
+                    )
+                    thread.start()
+                    self._watchdog_thread = thread
+        return _InFlight(self._statements, conn)
+
+    def _ensure_schema_now(self) -> None:
+        """Create or check the tables before the first plain call, once per store family.
+
+        Through the asyncio store's own ``_ensure_schema`` (one definition of
+        the schema steps and their errors), on a store and an event loop of
+        its own on a short-lived thread: the caller's thread may be running a
+        loop already.
+        """
+        with self._schema_guard:
+            if self._shared.schema_ready:
+                return
+            failed: list[BaseException] = []
+
+            async def ensure() -> None:
+                store = self._twin(PostgresStore)
+                try:
+                    await store._ensure_schema()
+                finally:
+                    await store.aclose()
+
+            def run() -> None:
+                try:
+                    asyncio.run(ensure())
+                except BaseException as exc:
+                    failed.append(exc)
+
+            thread = threading.Thread(target=run, name="tenure-postgres-schema")
+            thread.start()
+            thread.join()
+            if failed:
+                raise failed[0]
+
+
+def _watch_statements(in_flight: set[_InFlight], timeout: float, stop: threading.Event) -> None:
+    """The blocking store's watchdog thread (see ``PostgresStore._deadline``)."""
+    while not stop.wait(timeout / 4):
+        _sever_overdue(in_flight, timeout)
 
 
 def _number(key: str, value: str, kind: type[float] | type[int]) -> float | int:

@@ -832,7 +832,10 @@ class _BlockingRedisStore(RedisStore):
         pool = self._blocking.connection_pool
         reloaded = reconnected = False
         while True:
-            conn = self._idle.pop() if self._idle else pool.get_connection()
+            try:
+                conn = self._idle.pop()
+            except IndexError:  # none idle (another thread may just have taken the last)
+                conn = pool.get_connection()
             try:
                 conn.send_packed_command([_evalsha(name, keys, args)], check_health=False)
                 answer = conn.read_response()
