@@ -309,6 +309,17 @@ async def test_through_pgbouncer_in_transaction_pooling_mode() -> None:
             assert got is not None
             assert time.monotonic() - released < 1.5
             assert all(await asyncio.gather(*(lock.release() for lock in held[1:])))
+            # tenure.sync's blocking connections through the pooler, from
+            # threads at once so that their statements land on both backends:
+            # no prepared statements there either.
+            with sync.LockService.from_url(url) as blocking:
+
+                def cycles(i: int) -> None:
+                    for _ in range(25):
+                        plain = blocking.acquire(f"blocking-{i}", ttl=1)
+                        assert plain is not None and plain.release() is True
+
+                await asyncio.gather(*(asyncio.to_thread(cycles, i) for i in range(4)))
         finally:
             for service in services:
                 await service.close()
