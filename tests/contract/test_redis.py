@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
-from tenure.stores.redis import RedisStore, _release
+from tenure.stores.redis import RedisStore, _version_numbers
 
 from ..helpers.procs import ROOT
 from ..servers import RedisServer, self_signed_cert
@@ -238,4 +238,4 @@ def test_redis_cluster_on_an_older_redis_py_is_refused(
     [("8.2.0", (8, 2, 0)), ("8.10.1", (8, 10, 1)), ("9.0.0b2", (9, 0, 0)), ("10", (10,))],
 )
 def test_redis_py_versions_compare_as_numbers(version: str, release: tuple[int, ...]) -> None:
-    assert _release(version) == release
+    assert _version_numbers(version) == release

@@ -887,6 +887,7 @@ class _BlockingPostgresStore(PostgresStore):
         return self._twin(_BlockingPostgresStore)
 
     async def aclose(self) -> None:
+        self._closed = True  # first: a statement that ends now closes its connection
         self._stop_watching.set()
         self._drop_idle()
         await super().aclose()

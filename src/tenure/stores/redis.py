@@ -96,7 +96,7 @@ _CLUSTER_NEEDS = (8, 2)
 """The oldest redis-py whose asyncio cluster client tenure runs on (see RedisStore)."""
 
 
-def _release(version: str) -> tuple[int, ...]:
+def _version_numbers(version: str) -> tuple[int, ...]:
     """``"8.2.0"`` -> ``(8, 2, 0)``; a pre-release suffix counts as its release."""
     numbers = []
     for part in version.split(".")[:3]:
@@ -175,7 +175,7 @@ class RedisStore(Store):
             raise ConfigurationError(
                 f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
             )
-        if cluster and _release(redis_sync.__version__) < _CLUSTER_NEEDS:
+        if cluster and _version_numbers(redis_sync.__version__) < _CLUSTER_NEEDS:
             raise ConfigurationError(
                 "Redis Cluster needs redis-py 8.2 or newer (before 8.0 its asyncio cluster "
                 "client has no pub/sub, which waiters use; 8.0 and 8.1 can close a connection "
