@@ -18,6 +18,7 @@ from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
 from tenure.stores.redis import RedisStore, _version_numbers
 
+from ..conftest import STORES
 from ..helpers.procs import ROOT
 from ..servers import RedisServer, self_signed_cert
 
@@ -239,3 +240,26 @@ def test_redis_cluster_on_an_older_redis_py_is_refused(
 )
 def test_redis_py_versions_compare_as_numbers(version: str, release: tuple[int, ...]) -> None:
     assert _version_numbers(version) == release
+
+
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+async def test_holders_lists_every_lease_across_pipeline_batches(kind: str, tmp_path: Path) -> None:
+    """``holders()`` (``tenure locks``) reads the leases 500 to a pipeline:
+    more than two batches, on one server and across a cluster's nodes."""
+    store = RedisStore.from_url(STORES[kind].make_url(tmp_path))
+    try:
+        fences = {}
+        for i in range(1100):  # three batches
+            grant = await store.acquire(f"many:{i:04d}", f"token-{i}", 30.0, f"host:{i}")
+            assert grant is not None
+            fences[f"many:{i:04d}"] = grant.fencing_token
+        assert await store.acquire("other", "t", 30.0, "h") is not None
+        assert await store.release("many:0007", "token-7") is True
+        infos = await store.holders("many:")
+        assert [info.name for info in infos] == sorted(set(fences) - {"many:0007"})
+        for info in infos:
+            assert info.fencing_token == fences[info.name]
+            assert info.holder == f"host:{int(info.name[5:])}"
+            assert 0 < info.expires_in <= 30
+    finally:
+        await store.aclose()

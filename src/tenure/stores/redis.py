@@ -634,16 +634,24 @@ class RedisStore(Store):
         try:
             keys = [key async for key in self._client.scan_iter(match=pattern, count=500)]
             infos = []
-            for key in keys:
+            # A pipeline per 500 leases, not a round trip per lease: `tenure locks`
+            # on 10,000 held locks is 20 round trips.
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
                 async with self._client.pipeline(transaction=False) as pipe:
-                    pipe.hmget(key, "holder", "fence", "acquired")
-                    pipe.pttl(key)
-                    (holder, fence, acquired), pttl = await pipe.execute()
-                if fence is None or pttl < 0:
-                    continue
-                name = key.decode()[len(self.prefix) + 2 : -len("}:lease")]
-                at = float(acquired) if acquired is not None else None
-                infos.append(LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000, at))
+                    for key in chunk:
+                        pipe.hmget(key, "holder", "fence", "acquired")
+                        pipe.pttl(key)
+                    answers = await pipe.execute()
+                for key, (holder, fence, acquired), pttl in zip(
+                    chunk, answers[::2], answers[1::2], strict=True
+                ):
+                    if fence is None or pttl < 0:
+                        continue  # released or expired since the scan saw it
+                    name = key.decode()[len(self.prefix) + 2 : -len("}:lease")]
+                    at = float(acquired) if acquired is not None else None
+                    info = LeaseInfo(name, (holder or b"").decode(), int(fence), pttl / 1000, at)
+                    infos.append(info)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         return sorted(infos, key=lambda info: info.name)
