@@ -8,9 +8,12 @@ import json
 import logging
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,8 @@ import tenure
 from tenure import ConfigurationError, sync
 from tenure.renewer import LOST_BY_FORK, LOST_BY_STORE
 from tenure.sync import LockLost, LockService, Outcome, current_lock
+
+from .helpers.procs import HELPERS, ROOT
 
 TTL = 1.0
 
@@ -73,6 +78,33 @@ def test_threads_contending_never_overlap(blocking: LockService) -> None:
     assert most == 1
     assert len(grants) >= 8, "the threads really took turns"
     assert len(set(grants)) == len(grants)
+
+
+def test_processes_contending_through_the_blocking_api_lose_no_update(
+    shared_url: str, tmp_path: Path
+) -> None:
+    """Four processes, each a tenure.sync service, take turns at a
+    read-modify-write of one file: every store's plain-call acquire and
+    release, across processes."""
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(HELPERS / "sync_counter.py"), shared_url, str(counter), "1.5"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(4)
+    ]
+    outputs = [worker.communicate(timeout=90)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0, 0, 0], outputs
+    turns = sorted(tuple(turn) for out in outputs for turn in json.loads(out)["turns"])
+    assert len(turns) >= 8, "the processes really took turns"
+    assert int(counter.read_text()) == len(turns), "no update was lost: one holder at a time"
+    fences = [fence for _, fence in turns]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
 
 
 def test_a_lock_acquired_in_one_thread_is_released_from_another(blocking: LockService) -> None:
