@@ -9,6 +9,11 @@ PINGs on a pinned asyncio connection show the wire floor under redis-py's
 general command path: tenure sends its scripts that way.
 
     python bench/redis_cycle.py [--n 2000] [--rounds 7] [--url redis://...]
+    python bench/redis_cycle.py --cluster     (a throwaway cluster of three masters)
+
+With ``--cluster``: tenure and redis-py's asyncio ``Lock`` through the cluster
+client, against two PINGs sent by that client to the node that serves the
+lock's slot, and two pre-encoded PINGs on a connection pinned to that node.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -66,6 +74,30 @@ def redis_server() -> Iterator[str]:
         proc.wait()
 
 
+def raw_pings(conn: Any) -> Callable[[], Awaitable[None]]:
+    """Two pre-encoded PINGs on ``conn``: the wire floor, what tenure's own
+    pinned connections do minus the script."""
+    ping = b"*1\r\n$4\r\nPING\r\n"
+
+    async def two() -> None:
+        for _ in range(2):
+            await conn.send_packed_command(ping, check_health=False)
+            await conn.read_response()
+
+    return two
+
+
+def cycle(locks: LockService, name: str) -> Callable[[], Awaitable[None]]:
+    """One uncontended tenure acquire+release of ``name``."""
+
+    async def one() -> None:
+        lock = await locks.acquire(name)
+        assert lock is not None
+        await lock.release()
+
+    return one
+
+
 async def time_async(fn: Callable[[], Awaitable[object]], n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
@@ -94,18 +126,8 @@ async def run(url: str, n: int, rounds: int) -> None:
             await aclient.ping()
 
         pinned = await aclient.connection_pool.get_connection()  # type: ignore[no-untyped-call]
-        ping = b"*1\r\n$4\r\nPING\r\n"
-
-        async def two_raw_pings() -> None:
-            # The wire floor: what tenure's own pinned connection does, minus the script.
-            for _ in range(2):
-                await pinned.send_packed_command(ping, check_health=False)
-                await pinned.read_response()
-
-        async def tenure_cycle() -> None:
-            lock = await locks.acquire("bench:tenure")
-            assert lock is not None
-            await lock.release()
+        two_raw_pings = raw_pings(pinned)
+        tenure_cycle = cycle(locks, "bench:tenure")
 
         async def redis_py_lock() -> None:
             lock = aclient.lock("bench:redis-py", timeout=30)
@@ -154,13 +176,59 @@ async def run(url: str, n: int, rounds: int) -> None:
         print(f"  {name:32s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x its floor")
 
 
+async def run_cluster(url: str, n: int, rounds: int) -> None:
+    client = aioredis.RedisCluster.from_url(url.partition("?")[0])  # without tenure's options
+    await client.initialize()
+    results: dict[str, list[float]] = {}
+    async with LockService.from_url(f"{url}&prefix=bench") as locks:
+        node = client.get_node_from_key("{bench:tenure}:lease")
+        assert node is not None
+        pinned = node.acquire_connection()
+
+        async def two_pings() -> None:
+            await client.execute_command("PING", target_nodes=node)
+            await client.execute_command("PING", target_nodes=node)
+
+        async def redis_py_lock() -> None:
+            lock = client.lock("{bench:tenure}:redis-py", timeout=30)
+            assert await lock.acquire(blocking=False)
+            await lock.release()
+
+        contenders = {
+            "two PINGs (cluster client)": two_pings,
+            "two PINGs, pre-encoded, pinned": raw_pings(pinned),
+            "tenure acquire+release": cycle(locks, "tenure"),
+            "redis-py asyncio Lock": redis_py_lock,
+        }
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                results.setdefault(name, []).append(await time_async(fn, n))
+        node.release(pinned)
+    await client.aclose()
+    med = {name: statistics.median(v) for name, v in results.items()}
+    print(f"Redis Cluster (3 masters) uncontended acquire+release, {rounds} rounds x {n} (median):")
+    for name, value in med.items():
+        floor = med["two PINGs (cluster client)"]
+        print(f"  {name:32s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x its floor")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--url")
+    parser.add_argument("--cluster", action="store_true", help="a throwaway Redis Cluster")
     args = parser.parse_args()
-    if args.url:
+    if args.cluster:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.servers import RedisClusterServers
+
+        cluster = RedisClusterServers()
+        try:
+            asyncio.run(run_cluster(cluster.url, args.n, args.rounds))
+        finally:
+            cluster.stop()
+    elif args.url:
         asyncio.run(run(args.url, args.n, args.rounds))
     else:
         with redis_server() as url:

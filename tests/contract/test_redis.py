@@ -20,7 +20,7 @@ from tenure.stores.redis import RedisStore, _version_numbers
 
 from ..conftest import STORES
 from ..helpers.procs import ROOT
-from ..servers import RedisServer, self_signed_cert
+from ..servers import RedisClusterServers, RedisServer, self_signed_cert
 
 
 @pytest.fixture
@@ -263,3 +263,56 @@ async def test_holders_lists_every_lease_across_pipeline_batches(kind: str, tmp_
             assert 0 < info.expires_in <= 30
     finally:
         await store.aclose()
+
+
+def _move_slot(cluster: RedisClusterServers, slot: int, source: int, target: int) -> None:
+    """Move ``slot``, with its keys, from the master on port ``source`` to ``target``."""
+
+    def cli(port: int, *args: str) -> str:
+        return subprocess.run(
+            ["redis-cli", "-p", str(port), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+
+    source_id, target_id = cli(source, "cluster", "myid"), cli(target, "cluster", "myid")
+    assert cli(target, "cluster", "setslot", str(slot), "importing", source_id) == "OK"
+    assert cli(source, "cluster", "setslot", str(slot), "migrating", target_id) == "OK"
+    keys = cli(source, "cluster", "getkeysinslot", str(slot), "100").split()
+    assert keys, "the slot holds the lock's keys"
+    migrate = ("migrate", "127.0.0.1", str(target), "", "0", "5000", "keys", *keys)
+    assert cli(source, *migrate) == "OK"
+    for node in cluster.nodes:
+        assert cli(node.port, "cluster", "setslot", str(slot), "node", target_id) == "OK"
+
+
+async def test_the_cluster_lanes_follow_a_slot_that_moved() -> None:
+    """Scripts go pre-encoded on a lane pinned to the node that serves their slot.
+    One sent there after the slot moved is refused (MOVED: it did not run) and
+    goes the general way, which follows the move; later calls use the new
+    node's lane."""
+    cluster = RedisClusterServers()
+    try:
+        async with LockService.from_url(f"{cluster.url}&prefix=mv") as locks:
+            store = locks.store
+            assert isinstance(store, RedisStore)
+            await store.warm_up()  # the slot map: the first call loads it, the general way
+            lock = await locks.acquire("moving", ttl=5)
+            assert lock is not None
+            key = "{mv:moving}:lease"
+            source = store._client.get_node_from_key(key)
+            assert store._node_lanes[source.name].conn is not None, "the acquire took the lane"
+            target = next(node.port for node in cluster.nodes if node.port != int(source.port))
+            _move_slot(cluster, key_slot(key.encode()), int(source.port), target)
+            assert int(store._client.get_node_from_key(key).port) == int(source.port)
+            assert await lock.release() is True
+            moved = store._client.get_node_from_key(key)
+            assert int(moved.port) == target, "the release met MOVED and followed it"
+            again = await locks.acquire("moving", ttl=5)
+            assert again is not None and again.fencing_token > lock.fencing_token
+            assert store._node_lanes[moved.name].conn is not None, "the new node's lane"
+            assert await again.release() is True
+    finally:
+        cluster.stop()

@@ -34,10 +34,13 @@ connection; a timed-out one is not.
   with no round trip of its own. The handed-over lease is short
   (``renewer.handover_lease``: the new holder's renewer extends it at once):
   a queued waiter that died costs the name a second or two, not a whole TTL.
-* Speed: on a single server each script call is written pre-encoded on a
-  connection the store keeps pinned (its *lane*), bypassing redis-py's general
-  command path, which costs more than the round trip; concurrent calls that
-  find it busy use the pool. Blocking callers (``tenure.sync``) get a variant
+* Speed: each script call is written pre-encoded on a connection the store
+  keeps pinned (its *lane*; on Redis Cluster one per node, to the node that
+  serves the keys' slot), bypassing redis-py's general command path, which
+  costs more than the round trip; concurrent calls that find it busy use the
+  pool. A cluster node that answers MOVED, ASK, TRYAGAIN, CLUSTERDOWN or
+  READONLY did not run the script: it is sent again the general way, which
+  follows the cluster's new shape. Blocking callers (``tenure.sync``) get a variant
   that acquires and releases the same way through redis-py's blocking
   connections, on the caller's thread.
 """
@@ -62,8 +65,18 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MasterDownError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry as BlockingRetry
 
 from .._aio import woken_within
@@ -90,6 +103,22 @@ every third of that): how long a dead waiter can stay queued."""
 _SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record")
 _GRANTING = ("acquire", "enlist", "release")
 """The scripts that start with _grant.lua's grant()."""
+
+
+_NOT_SERVED_HERE = (AskError, TryAgainError, ClusterDownError, ReadOnlyError, MasterDownError)
+"""Cluster replies that mean the node did not run the command (MovedError is an AskError)."""
+
+
+class _Lane:
+    """A connection a store keeps pinned for its pre-encoded script calls."""
+
+    __slots__ = ("busy", "conn", "node")
+
+    def __init__(self, node: Any = None) -> None:
+        self.node = node
+        """The Redis Cluster node it connects to; None for a single server."""
+        self.conn: Any = None
+        self.busy = False
 
 
 _CLUSTER_NEEDS = (8, 2)
@@ -187,8 +216,10 @@ class RedisStore(Store):
         self.cluster = cluster
         factory: Any = aioredis.RedisCluster.from_url if cluster else aioredis.from_url
         self._client: Any = _client(factory, url)
-        self._lane: Any = None
-        self._lane_busy = False
+        self._lane = _Lane()
+        """The single server's lane (see ``_script_on_lane``)."""
+        self._node_lanes: dict[str, _Lane] = {}
+        """A lane per Redis Cluster node, by node name."""
         self._pubsub: Any = None
         self._subscribing: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -237,7 +268,8 @@ class RedisStore(Store):
     async def aclose(self) -> None:
         if self._withdrawing:
             await asyncio.gather(*self._withdrawing, return_exceptions=True)
-        await self._drop_lane()
+        for lane in (self._lane, *self._node_lanes.values()):
+            await self._drop_lane(lane)
         while self._poppers:
             await self._client.connection_pool.release(self._poppers.pop())
         if self._listener is not None:
@@ -260,8 +292,14 @@ class RedisStore(Store):
     async def _script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        if not self.cluster and not self._lane_busy:
-            return await self._script_on_lane(name, keys, args)
+        lane = self._node_lane(keys[0]) if self.cluster else self._lane
+        if lane is not None and not lane.busy:
+            return await self._script_on_lane(lane, name, keys, args)
+        return await self._script_via_pool(name, keys, args)
+
+    async def _script_via_pool(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
         before = _cancel_requests()
         answer = await self._script_in_pool(name, keys, args)
         _raise_swallowed_cancel(before)
@@ -279,27 +317,52 @@ class RedisStore(Store):
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
+    def _node_lane(self, key: str) -> _Lane | None:
+        """The lane to the Redis Cluster node that serves ``key``; None before the
+        client has its slot map (the general path loads it)."""
+        try:
+            node = self._client.get_node_from_key(key)
+        except _DRIVER_ERRORS:
+            return None
+        if node is None:
+            return None
+        lane = self._node_lanes.get(node.name)
+        if lane is None or lane.node is not node:
+            # First use, or the node was replaced by a topology refresh.
+            if lane is not None and lane.conn is not None and not lane.busy:
+                lane.node.release(lane.conn)
+            lane = self._node_lanes[node.name] = _Lane(node)
+        return lane
+
     async def _script_on_lane(
-        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+        self, lane: _Lane, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        """EVALSHA, pre-encoded, on the store's own pinned connection (its *lane*).
+        """EVALSHA, pre-encoded, on a connection the store keeps pinned (a *lane*):
+        to the server, or to the cluster node that serves the keys.
 
         redis-py's general command path (pool checkout, command packing,
-        response callbacks) costs more than the round trip itself; a script
-        call that finds the lane free writes its bytes and reads one reply.
-        Calls that find it busy take the general path. The same retry policy:
-        once on a broken connection, never on a timeout.
+        response callbacks, and on a cluster its routing) costs more than the
+        round trip itself; a script call that finds the lane free writes its
+        bytes and reads one reply. Calls that find it busy take the general
+        path. The same retry policy: once on a broken connection, never on a
+        timeout. On a cluster, a redirect or a node that cannot serve (MOVED,
+        ASK, TRYAGAIN, CLUSTERDOWN, READONLY: the script did not run) and a
+        broken connection go to the general path, which follows the cluster's
+        new shape.
         """
-        self._lane_busy = True
+        lane.busy = True
         reloaded = reconnected = False
         try:
             while True:
-                conn = self._lane
+                conn = lane.conn
                 try:
+                    if conn is not None and lane.node is not None and conn.should_reconnect():
+                        # redis-py marks a cluster's connections after a topology
+                        # change (a node's role may have changed): a new one.
+                        await self._drop_lane(lane)
+                        conn = None
                     if conn is None:
-                        before = _cancel_requests()
-                        conn = self._lane = await self._client.connection_pool.get_connection()
-                        _raise_swallowed_cancel(before)
+                        conn = lane.conn = await self._lane_connection(lane)
                     await conn.send_packed_command(_evalsha(name, keys, args), check_health=False)
                     return await conn.read_response()
                 except NoScriptError:  # the server restarted or flushed its script cache
@@ -307,25 +370,43 @@ class RedisStore(Store):
                         raise
                     reloaded = True
                     await self._client.script_load(_SOURCES[name])
+                except _NOT_SERVED_HERE:
+                    if lane.node is None:
+                        raise
+                    return await self._script_via_pool(name, keys, args)
                 except ResponseError:
                     raise  # an error reply: the connection itself is fine
                 except BaseException as exc:
                     # A timeout or a cancellation may leave a reply unread: the
                     # connection is given up, and a new one is taken next time.
-                    await self._drop_lane()
+                    await self._drop_lane(lane)
                     if reconnected or not isinstance(exc, RedisConnectionError):
                         raise
+                    if lane.node is not None:
+                        return await self._script_via_pool(name, keys, args)
                     reconnected = True
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         finally:
-            self._lane_busy = False
+            lane.busy = False
 
-    async def _drop_lane(self) -> None:
-        conn, self._lane = self._lane, None
-        if conn is not None:
-            with contextlib.suppress(*_DRIVER_ERRORS):
-                await conn.disconnect(nowait=True)
+    async def _lane_connection(self, lane: _Lane) -> Any:
+        if lane.node is not None:
+            return lane.node.acquire_connection()  # no I/O: it connects at its first write
+        before = _cancel_requests()
+        conn = await self._client.connection_pool.get_connection()
+        _raise_swallowed_cancel(before)
+        return conn
+
+    async def _drop_lane(self, lane: _Lane) -> None:
+        conn, lane.conn = lane.conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(*_DRIVER_ERRORS):
+            await conn.disconnect(nowait=True)
+        if lane.node is not None:
+            lane.node.release(conn)
+        else:
             await self._client.connection_pool.release(conn)
 
     async def _call(self, method: str, *args: Any) -> Any:
