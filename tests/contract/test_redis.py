@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
-from tenure.stores.redis import RedisStore, _version_numbers
+from tenure.stores.redis import RedisStore, _BlockingRedisStore, _version_numbers
 
 from ..conftest import STORES
 from ..helpers.procs import ROOT
@@ -314,5 +314,22 @@ async def test_the_cluster_lanes_follow_a_slot_that_moved() -> None:
             assert again is not None and again.fencing_token > lock.fencing_token
             assert store._node_lanes[moved.name].conn is not None, "the new node's lane"
             assert await again.release() is True
+        # The same for tenure.sync's blocking lanes (idle connections per node).
+        with sync.LockService.from_url(f"{cluster.url}&prefix=mv") as blocking:
+            bstore = blocking.store
+            assert isinstance(bstore, _BlockingRedisStore)
+            first = blocking.acquire("moving", ttl=5)
+            assert first is not None
+            here = bstore._blocking.get_node_from_key(key)
+            assert bstore._node_idle[here.name][1], "the acquire went on the node's lane"
+            there = next(node.port for node in cluster.nodes if node.port != int(here.port))
+            _move_slot(cluster, key_slot(key.encode()), int(here.port), there)
+            assert first.release() is True
+            followed = bstore._blocking.get_node_from_key(key)
+            assert int(followed.port) == there, "the release met MOVED and followed it"
+            later = blocking.acquire("moving", ttl=5)
+            assert later is not None and later.fencing_token > first.fencing_token
+            assert bstore._node_idle[followed.name][1], "the new node's lane"
+            assert later.release() is True
     finally:
         cluster.stop()

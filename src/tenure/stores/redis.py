@@ -42,7 +42,8 @@ connection; a timed-out one is not.
   READONLY did not run the script: it is sent again the general way, which
   follows the cluster's new shape. Blocking callers (``tenure.sync``) get a variant
   that acquires and releases the same way through redis-py's blocking
-  connections, on the caller's thread.
+  connections, on the caller's thread (on a cluster, idle connections per
+  node, with the same fallback).
 """
 
 from __future__ import annotations
@@ -893,13 +894,22 @@ class _BlockingRedisStore(RedisStore):
         )
         self._idle: list[Any] = []
         """Idle connections of ``_blocking_on_lane`` (single server)."""
+        self._node_idle: dict[str, tuple[Any, list[Any]]] = {}
+        """Per Redis Cluster node (by name): its connection pool and our idle connections."""
 
     def _blocking_script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
         try:
             if not self.cluster:
-                return self._blocking_on_lane(name, keys, args)
+                pool = self._blocking.connection_pool
+                return self._blocking_on_lane(pool, self._idle, name, keys, args)
+            lane = self._blocking_node_lane(keys[0])
+            if lane is not None:
+                try:
+                    return self._blocking_on_lane(*lane, name, keys, args, retry_broken=False)
+                except (*_NOT_SERVED_HERE, RedisConnectionError):
+                    pass  # it did not run there, or the node went: the general way follows
             try:
                 return self._blocking.evalsha(_SHAS[name], len(keys), *keys, *args)
             except NoScriptError:  # the server restarted or flushed its script cache
@@ -908,45 +918,68 @@ class _BlockingRedisStore(RedisStore):
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
+    def _blocking_node_lane(self, key: str) -> tuple[Any, list[Any]] | None:
+        """The connection pool of the cluster node that serves ``key``, with the
+        store's idle connections to it; None when redis-py has none yet."""
+        try:
+            node = self._blocking.get_node_from_key(key)
+        except _DRIVER_ERRORS:
+            return None
+        client = None if node is None else node.redis_connection
+        if client is None:
+            return None
+        pool = client.connection_pool
+        lane = self._node_idle.get(node.name)
+        if lane is None or lane[0] is not pool:  # first use, or the node was replaced
+            lane = self._node_idle[node.name] = (pool, [])
+        return lane
+
     def _blocking_on_lane(
-        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+        self,
+        pool: Any,
+        idle: list[Any],
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+        *,
+        retry_broken: bool = True,
     ) -> Any:
         """EVALSHA, pre-encoded, on an idle connection of the store's own: the
-        blocking twin of ``_script_on_lane``, with the same retry policy.
+        blocking twin of ``_script_on_lane``, with the same retry policy (on a
+        cluster node a broken connection is the caller's to route anew).
 
         Any thread may call it: each call takes a connection off the idle list
         (list.pop and append are atomic), or a new one from the pool, and puts
         it back after reading its reply.
         """
-        pool = self._blocking.connection_pool
         reloaded = reconnected = False
         while True:
             try:
-                conn = self._idle.pop()
+                conn = idle.pop()
             except IndexError:  # none idle (another thread may just have taken the last)
                 conn = pool.get_connection()
             try:
                 conn.send_packed_command([_evalsha(name, keys, args)], check_health=False)
                 answer = conn.read_response()
             except NoScriptError:  # the server restarted or flushed its script cache
-                self._idle.append(conn)
+                idle.append(conn)
                 if reloaded:
                     raise
                 reloaded = True
                 self._blocking.script_load(_SOURCES[name])
                 continue
             except ResponseError:
-                self._idle.append(conn)  # an error reply: the connection itself is fine
+                idle.append(conn)  # an error reply: the connection itself is fine
                 raise
             except BaseException as exc:
                 # A timeout or an interruption may leave a reply unread.
                 conn.disconnect()
                 pool.release(conn)
-                if reconnected or not isinstance(exc, RedisConnectionError):
+                if reconnected or not retry_broken or not isinstance(exc, RedisConnectionError):
                     raise
                 reconnected = True
                 continue
-            self._idle.append(conn)
+            idle.append(conn)
             return answer
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
@@ -973,6 +1006,9 @@ class _BlockingRedisStore(RedisStore):
     async def aclose(self) -> None:
         while self._idle:
             self._blocking.connection_pool.release(self._idle.pop())
+        for pool, idle in self._node_idle.values():
+            while idle:
+                pool.release(idle.pop())
         self._blocking.close()
         await super().aclose()
 
