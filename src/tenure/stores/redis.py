@@ -221,6 +221,8 @@ class RedisStore(Store):
         """The single server's lane (see ``_script_on_lane``)."""
         self._node_lanes: dict[str, _Lane] = {}
         """A lane per Redis Cluster node, by node name."""
+        self._retired_lanes: list[_Lane] = []
+        """Lanes to nodes that a topology refresh replaced."""
         self._pubsub: Any = None
         self._subscribing: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
@@ -269,7 +271,7 @@ class RedisStore(Store):
     async def aclose(self) -> None:
         if self._withdrawing:
             await asyncio.gather(*self._withdrawing, return_exceptions=True)
-        for lane in (self._lane, *self._node_lanes.values()):
+        for lane in (self._lane, *self._node_lanes.values(), *self._retired_lanes):
             await self._drop_lane(lane)
         while self._poppers:
             await self._client.connection_pool.release(self._poppers.pop())
@@ -329,9 +331,10 @@ class RedisStore(Store):
             return None
         lane = self._node_lanes.get(node.name)
         if lane is None or lane.node is not node:
-            # First use, or the node was replaced by a topology refresh.
-            if lane is not None and lane.conn is not None and not lane.busy:
-                lane.node.release(lane.conn)
+            # First use, or the node was replaced by a topology refresh: the old
+            # lane's connection is closed with the store (its node is not).
+            if lane is not None:
+                self._retired_lanes.append(lane)
             lane = self._node_lanes[node.name] = _Lane(node)
         return lane
 
@@ -363,7 +366,7 @@ class RedisStore(Store):
                         await self._drop_lane(lane)
                         conn = None
                     if conn is None:
-                        conn = lane.conn = await self._lane_connection(lane)
+                        conn = await self._lane_connection(lane)
                     await conn.send_packed_command(_evalsha(name, keys, args), check_health=False)
                     return await conn.read_response()
                 except NoScriptError:  # the server restarted or flushed its script cache
@@ -393,22 +396,27 @@ class RedisStore(Store):
 
     async def _lane_connection(self, lane: _Lane) -> Any:
         if lane.node is not None:
-            return lane.node.acquire_connection()  # no I/O: it connects at its first write
-        before = _cancel_requests()
-        conn = await self._client.connection_pool.get_connection()
-        _raise_swallowed_cancel(before)
-        return conn
+            lane.conn = lane.node.acquire_connection()  # no I/O: it connects at its first write
+        else:
+            before = _cancel_requests()
+            lane.conn = await self._client.connection_pool.get_connection()
+            # On the lane before the check: a cancellation raised here leaves the
+            # connection to _drop_lane, which gives it back to the pool.
+            _raise_swallowed_cancel(before)
+        return lane.conn
 
     async def _drop_lane(self, lane: _Lane) -> None:
         conn, lane.conn = lane.conn, None
         if conn is None:
             return
-        with contextlib.suppress(*_DRIVER_ERRORS):
-            await conn.disconnect(nowait=True)
-        if lane.node is not None:
-            lane.node.release(conn)
-        else:
-            await self._client.connection_pool.release(conn)
+        try:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await conn.disconnect(nowait=True)
+        finally:  # given back even when a cancellation interrupts the disconnect
+            if lane.node is not None:
+                lane.node.release(conn)
+            else:
+                await self._client.connection_pool.release(conn)
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
