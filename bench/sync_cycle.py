@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import psycopg
@@ -48,6 +48,28 @@ def time_sync(fn: Callable[[], object], n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+def sync_cycle(locks: LockService) -> Callable[[], None]:
+    """One uncontended tenure.sync acquire+release."""
+
+    def cycle() -> None:
+        lock = locks.acquire("bench:sync")
+        assert lock is not None
+        lock.release()
+
+    return cycle
+
+
+def interleaved(
+    contenders: Mapping[str, Callable[[], object]], n: int, rounds: int
+) -> dict[str, list[float]]:
+    """Each contender timed for ``n`` calls, one after the other, ``rounds`` times."""
+    results: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            results[name].append(time_sync(fn, n))
+    return results
+
+
 def report(title: str, results: dict[str, list[float]], floor: str) -> None:
     med = {name: statistics.median(values) for name, values in results.items()}
     print(title)
@@ -63,11 +85,6 @@ def sqlite(n: int, rounds: int) -> None:
     results: dict[str, list[float]] = {}
     with LockService.from_url(url) as locks:
 
-        def sync_cycle() -> None:
-            lock = locks.acquire("bench:sync")
-            assert lock is not None
-            lock.release()
-
         async def async_rounds() -> float:
             async with tenure.LockService.from_url(url) as alocks:
                 start = time.perf_counter()
@@ -79,7 +96,7 @@ def sqlite(n: int, rounds: int) -> None:
 
         contenders: dict[str, Callable[[], float]] = {
             "hand-written sqlite3 cycle": lambda: time_sync(hand_cycle, n),
-            "tenure.sync acquire+release": lambda: time_sync(sync_cycle, n),
+            "tenure.sync acquire+release": lambda: time_sync(sync_cycle(locks), n),
             "tenure (asyncio) acquire+release": lambda: asyncio.run(async_rounds()),
         }
         for name in contenders:
@@ -96,7 +113,6 @@ def sqlite(n: int, rounds: int) -> None:
 
 def redis_cycles(url: str, n: int, rounds: int) -> None:
     client = redis.Redis.from_url(url)
-    results: dict[str, list[float]] = {}
     with LockService.from_url(url) as locks:
 
         def two_pings() -> None:
@@ -108,19 +124,12 @@ def redis_cycles(url: str, n: int, rounds: int) -> None:
             assert lock.acquire(blocking=False)
             lock.release()
 
-        def sync_cycle() -> None:
-            lock = locks.acquire("bench:sync")
-            assert lock is not None
-            lock.release()
-
         contenders = {
             "two PINGs (blocking)": two_pings,
             "redis-py Lock (blocking)": redis_py_lock,
-            "tenure.sync acquire+release": sync_cycle,
+            "tenure.sync acquire+release": sync_cycle(locks),
         }
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                results.setdefault(name, []).append(time_sync(fn, n))
+        results = interleaved(contenders, n, rounds)
     client.close()
     report(f"Redis, {rounds} rounds x {n} (median):", results, floor="two PINGs (blocking)")
 
@@ -128,7 +137,6 @@ def redis_cycles(url: str, n: int, rounds: int) -> None:
 def postgres_cycles(url: str, n: int, rounds: int) -> None:
     conn = psycopg.connect(url, autocommit=True, prepare_threshold=0)
     conn.execute(HAND_TABLE)
-    results: dict[str, list[float]] = {}
     with LockService.from_url(url) as locks:
 
         def two_selects() -> None:
@@ -139,19 +147,12 @@ def postgres_cycles(url: str, n: int, rounds: int) -> None:
             assert conn.execute(HAND_ACQUIRE, ("bench:hand", "t")).fetchone() is not None
             conn.execute(HAND_RELEASE, ("bench:hand", "t"))
 
-        def sync_cycle() -> None:
-            lock = locks.acquire("bench:sync")
-            assert lock is not None
-            lock.release()
-
         contenders = {
             "two SELECT 1 (blocking)": two_selects,
             "hand-written lease cycle": hand_cycle,
-            "tenure.sync acquire+release": sync_cycle,
+            "tenure.sync acquire+release": sync_cycle(locks),
         }
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                results.setdefault(name, []).append(time_sync(fn, n))
+        results = interleaved(contenders, n, rounds)
     conn.close()
     title = f"PostgreSQL, {rounds} rounds x {n} (median):"
     report(title, results, floor="hand-written lease cycle")

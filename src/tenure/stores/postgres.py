@@ -416,8 +416,7 @@ class PostgresStore(Store):
             else:
                 rest.append((key, value))
         if not any(key == "connect_timeout" for key, _ in rest):
-            # libpq waits forever by default; its minimum is 2 seconds.
-            rest.append(("connect_timeout", str(max(2, math.ceil(options.get("timeout", 2.0))))))
+            rest.append(("connect_timeout", str(_connect_timeout(options.get("timeout", 2.0)))))
         clean = urlunsplit(
             parts._replace(scheme="postgresql", query=urlencode(rest, quote_via=quote))
         )
@@ -481,12 +480,7 @@ class PostgresStore(Store):
             if self._pool is None:
                 pool: _Pool = AsyncConnectionPool(
                     self.url,
-                    kwargs={
-                        "autocommit": True,
-                        # A transaction pooler may hand each statement to another
-                        # server connection, where a prepared statement is unknown.
-                        "prepare_threshold": None if self.pooler == "transaction" else 0,
-                    },
+                    kwargs=self._connection_options(),
                     min_size=1,
                     max_size=self.pool_max,
                     timeout=self.timeout,
@@ -496,6 +490,15 @@ class PostgresStore(Store):
                 await pool.open(wait=False)
                 self._pool = pool
             return self._pool
+
+    def _connection_options(self) -> dict[str, Any]:
+        """How every connection of the store's statements is opened (pooled or blocking)."""
+        return {
+            "autocommit": True,
+            # A transaction pooler may hand each statement to another server
+            # connection, where a prepared statement is unknown.
+            "prepare_threshold": None if self.pooler == "transaction" else 0,
+        }
 
     async def _replace_pool(self, stale: _Pool) -> _Pool:
         """A fresh pool instead of ``stale``, which is closed in the background."""
@@ -870,13 +873,9 @@ class _BlockingPostgresStore(PostgresStore):
         # The thread holds no reference to the store: dropping it stops the thread.
         weakref.finalize(self, self._stop_watching.set)
         self._schema_guard = threading.Lock()
-        self._connect_options: dict[str, Any] = {
-            "autocommit": True,
-            "prepare_threshold": None if self.pooler == "transaction" else 0,
-        }
+        self._connect_options = self._connection_options()
         if "connect_timeout" not in conninfo_to_dict(url):
-            # libpq waits forever by default; its minimum is 2 seconds.
-            self._connect_options["connect_timeout"] = max(2, math.ceil(self.timeout))
+            self._connect_options["connect_timeout"] = _connect_timeout(self.timeout)
 
     def for_blocking(self) -> Store:
         return self
@@ -1019,6 +1018,12 @@ def _watch_statements(in_flight: set[_InFlight], timeout: float, stop: threading
     """The blocking store's watchdog thread (see ``PostgresStore._deadline``)."""
     while not stop.wait(timeout / 4):
         _sever_overdue(in_flight, timeout)
+
+
+def _connect_timeout(timeout: float) -> int:
+    """libpq's connect_timeout for a store's ``timeout``: libpq waits forever by
+    default, and its minimum is 2 seconds."""
+    return max(2, math.ceil(timeout))
 
 
 def _number(key: str, value: str, kind: type[float] | type[int]) -> float | int:
