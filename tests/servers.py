@@ -232,11 +232,13 @@ class PostgresServer:
     Run as the ``postgres`` user when the tests run as root (PostgreSQL refuses
     root), on a free loopback port, in a process group of its own so that
     ``pause`` stops the postmaster and every backend at once. ``fsync`` is off
-    (only an OS crash could lose data; a killed server loses nothing).
+    (only an OS crash could lose data; a killed server loses nothing) unless
+    ``fsync=True`` (production's setting, for benchmarks).
     ``password``: the superuser ``postgres`` gets it and TCP logins need it (scram).
     """
 
-    def __init__(self, *, password: str | None = None) -> None:
+    def __init__(self, *, password: str | None = None, fsync: bool = False) -> None:
+        self.fsync = fsync
         self.dir = Path(tempfile.mkdtemp(prefix="tenure-pg-"))
         self.data = self.dir / "data"
         self.port = free_port()
@@ -275,7 +277,12 @@ class PostgresServer:
             [
                 _postgres_binary("postgres"),
                 *("-D", str(self.data), "-p", str(self.port), "-k", str(self.dir)),
-                *("-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"),
+                *(
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    f"fsync={'on' if self.fsync else 'off'}",
+                ),
                 *("-c", "max_connections=200", "-c", "shared_buffers=32MB"),
             ],
             stdout=subprocess.DEVNULL,

@@ -47,6 +47,8 @@ def test_url_forms_and_errors(tmp_path: Path) -> None:
         ("etcd://h:1?colour=red", "unknown etcd URL option 'colour'"),
         ("etcd://h:1?timeout=soon", "timeout must be a number"),
         ("etcd://h:1?timeout=0", "timeout must be between"),
+        ("etcd://h:1?in_flight_max=0", "in_flight_max must be a whole number from 1"),
+        ("etcd://h:1?in_flight_max=many", "in_flight_max must be a whole number"),
         ("etcd://h:1?tls=maybe", "tls must be true or false"),
         (f"etcd://h:1?ca={tmp_path}/missing.pem", "cannot read the etcd ca file"),
         ("etcd://u@h:1", "both a user name and a password"),

@@ -411,9 +411,11 @@ async def test_pruned_rows_never_let_a_fencing_token_repeat() -> None:
     ("url", "says"),
     [
         ("postgresql://127.0.0.1/db?pooler=statement", "pooler must be"),
-        ("postgresql://127.0.0.1/db?timeout=soon", "timeout must be a float"),
+        ("postgresql://127.0.0.1/db?timeout=soon", "timeout must be a number"),
         ("postgresql://127.0.0.1/db?timeout=0", "timeout must be between"),
-        ("postgresql://127.0.0.1/db?pool_max=0", "pool_max must be between"),
+        ("postgresql://127.0.0.1/db?pool_max=0", "pool_max must be a whole number from 1"),
+        ("postgresql://127.0.0.1/db?pool_max=1001", "pool_max must be a whole number from 1"),
+        ("postgresql://127.0.0.1/db?pool_max=2.5", "pool_max must be a whole number"),
         ("postgresql://127.0.0.1/db?prefix=", "table prefix"),
         ("postgresql://127.0.0.1/db?prefix=" + "a" * 41, "table prefix"),
         ("postgresql://127.0.0.1/db?schema=", "schema"),

@@ -195,6 +195,10 @@ async def test_glob_characters_in_names_do_not_leak_into_holders(server: RedisSe
     [
         ("redis://127.0.0.1:notaport/0", "bad Redis URL"),
         ("redis://127.0.0.1:6379/0?prefix={x}", "braces"),
+        ("redis://127.0.0.1:6379/0?pool_max=0", "pool_max must be a whole number from 1"),
+        ("redis://127.0.0.1:6379/0?pool_max=ten", "pool_max must be a whole number"),
+        ("redis://127.0.0.1:6379/0?socket_timeout=later", "socket_timeout must be a number"),
+        ("redis://127.0.0.1:6379/0?socket_timeout=0", "socket_timeout must be between"),
     ],
 )
 def test_bad_redis_urls(url: str, says: str) -> None:

@@ -9,6 +9,11 @@ Defaults, on purpose:
   next occurrence after its start: no backfill after downtime. The occurrence claim (see ``tasks``)
   still guarantees that an occurrence another instance already ran is not run
   again.
+* **A failing store.** An occurrence whose claim, start record or lock
+  acquire fails (the store is down, or every connection stayed busy for its
+  timeout) is tried again within the same grace, then ends ``missed`` with
+  the reason: one log line, a count, an event and a run record (see
+  ``tasks``), never a traceback per occurrence.
 * **Overlap: skip.** While a run of a task is still going anywhere in the
   cluster, later occurrences find its lock held and are recorded as skipped.
 * **Stop: wait, then cancel.** ``stop()`` stops firing, waits up to
@@ -90,7 +95,13 @@ class Scheduler:
         """This instance's clock minus the store's, in seconds, as last measured
         (None before the first measurement, or for a store without a clock)."""
         self._skew_said: float | None = None
-        self.tasks = ScheduledTaskStore(locks, clock=clock, keep_runs=keep_runs, listener=listener)
+        self.tasks = ScheduledTaskStore(
+            locks,
+            clock=clock,
+            keep_runs=keep_runs,
+            listener=listener,
+            misfire_grace=self.misfire_grace,
+        )
         if prune is not None:
             self.tasks.add(self._prune, prune, name=PRUNE_TASK)
         self._stopping = False

@@ -7,6 +7,13 @@ another instance already holds the lock and is doing the work. An occurrence
 passed by the timer loop is first claimed in the store (compare-and-advance of
 the task's last claimed fire time), so an instance whose clock runs behind
 cannot re-run an occurrence that already ran, however fast it finished.
+
+A store that fails (``StoreUnavailable``: down, or every connection busy for
+its timeout) does not lose an occurrence silently. The claim, the start
+record and the lock's acquire are tried again, with a growing pause (50 ms to
+1 s), for as long as the occurrence is within the misfire grace; one that
+still cannot run ends ``missed``, with the reason in its record (when the
+store takes it), an event, a count and one log line.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._validate import check_name, check_ttl
-from ..errors import InvalidArgument, LockLost, TenureError
+from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from ..events import Event
 from ..locks import LockService, Outcome, _is_async
 from ..stores.base import RunRecord
@@ -45,6 +52,15 @@ class RunOutcome(enum.StrEnum):
     SKIPPED = "skipped"
     FAILED = "failed"
     LOST = "lost"
+    MISSED = "missed"
+    """It could not run: the store failed for longer than the misfire grace."""
+
+
+_RETRY_FIRST = 0.05
+_RETRY_MOST = 1.0
+"""Pauses between tries of a store call that failed (doubling from the first)."""
+_RECORD_MISSED_FOR = 30.0
+"""Seconds a missed occurrence's record is tried for while the store fails."""
 
 
 @dataclass(frozen=True)
@@ -67,16 +83,20 @@ class ScheduledTaskStore:
         clock: Callable[[], float],
         keep_runs: int = DEFAULT_KEEP_RUNS,
         listener: Callable[[str, float | None, str], None] | None = None,
+        misfire_grace: float = 30.0,
     ) -> None:
         if not isinstance(keep_runs, int) or keep_runs < 1:
             raise InvalidArgument(f"keep_runs must be a positive int, got {keep_runs!r}")
         self.locks = locks
         self.clock = clock
         self.keep_runs = keep_runs
+        self.misfire_grace = misfire_grace
+        """How long after its fire time a failing store call of an occurrence is tried again."""
         self.listener = listener
         self._tasks: dict[str, ScheduledTask] = {}
         self.counts: collections.Counter[str] = collections.Counter()
-        """Runs by outcome, plus ``claimed_elsewhere`` for occurrences another instance took."""
+        """Runs by outcome (``missed`` among them), plus ``claimed_elsewhere`` for
+        occurrences another instance took."""
 
     def add(
         self,
@@ -131,8 +151,74 @@ class ScheduledTaskStore:
         task (or LockLost) is recorded and then raised.
         """
         task = self[name]
+        try:
+            return await self._run(task, occurrence)
+        except _Missed as missed:
+            await self._missed(task.name, occurrence, missed.reason)
+            return Outcome.SKIPPED
+
+    async def _retried(
+        self,
+        occurrence: float | None,
+        call: Callable[[], Any],
+        what: str,
+        *,
+        retry: Callable[[], bool] = lambda: True,
+        within: float | None = None,
+    ) -> Any:
+        """``await call()``, tried again on StoreUnavailable while ``occurrence`` is
+        within the misfire grace (or ``within`` seconds, if given) and ``retry()``
+        says so; then _Missed. A manual run (no occurrence) is not retried: its
+        caller sees the error."""
+        window = self.misfire_grace if within is None else within
+        pause = _RETRY_FIRST
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable as exc:
+                if occurrence is None or not retry():
+                    raise
+                if self.clock() + pause - occurrence > window:
+                    raise _Missed(f"{what} failed until past the misfire grace: {exc}") from exc
+                log.debug("task occurrence %s: %s failed, trying again: %s", occurrence, what, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RETRY_MOST)
+
+    async def _missed(self, name: str, occurrence: float | None, reason: str) -> None:
+        """An occurrence that could not run: counted, told, logged once, recorded if possible."""
+        self.counts[RunOutcome.MISSED] += 1
+        self._tell(name, occurrence, RunOutcome.MISSED, None)
+        log.warning("task %r: occurrence %s missed: %s", name, occurrence, reason)
+        now = self.clock()
+        record = RunRecord(
+            run_id=secrets.token_hex(8),
+            task=name,
+            fire_time=occurrence,
+            instance=self.locks.holder,
+            started=now,
+            ended=now,
+            outcome=RunOutcome.MISSED,
+            error=reason,
+        )
+        # The store may be coming back: the record is tried again for a while
+        # (in the occurrence's own task; a stopping scheduler cancels it).
+        try:
+            await self._retried(
+                now,
+                lambda: self.locks.store.record_run(record, keep=self.keep_runs),
+                "recording",
+                within=_RECORD_MISSED_FOR,
+            )
+        except (_Missed, TenureError) as exc:
+            log.debug("could not record the missed occurrence of %r: %s", name, exc)
+
+    async def _run(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
+        name = task.name
+        store = self.locks.store
         if occurrence is not None and task.exclusive:
-            claimed = await self.locks.store.claim_occurrence(name, occurrence)
+            claimed = await self._retried(
+                occurrence, lambda: store.claim_occurrence(name, occurrence), "claiming it"
+            )
             if not claimed:
                 log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
                 self.counts["claimed_elsewhere"] += 1
@@ -147,18 +233,23 @@ class ScheduledTaskStore:
             ended=None,
             outcome=RunOutcome.RUNNING,
         )
-        await self.locks.store.record_run(record, keep=self.keep_runs)
+        await self._retried(
+            occurrence, lambda: store.record_run(record, keep=self.keep_runs), "recording its start"
+        )
         began = time.monotonic()
         result: RunOutcome = RunOutcome.FAILED
         error: str | None = "interrupted"
         try:
             if task.exclusive:
-                outcome = await self.locks.run_exclusively(
-                    name, task.fn, **({} if task.ttl is None else {"ttl": task.ttl})
-                )
+                outcome = await self._run_exclusively(task, occurrence)
             else:
                 await _call(task.fn)
                 outcome = Outcome.RAN
+        except _Missed as exc:
+            result, error = RunOutcome.MISSED, exc.reason
+            self._tell(name, occurrence, result, None)
+            log.warning("task %r: occurrence %s missed: %s", name, occurrence, exc.reason)
+            return Outcome.SKIPPED
         except LockLost as exc:
             result, error = RunOutcome.LOST, str(exc)
             raise
@@ -178,7 +269,8 @@ class ScheduledTaskStore:
             return outcome
         finally:
             self.counts[result] += 1
-            self._tell(name, occurrence, result, time.monotonic() - began)
+            if result is not RunOutcome.MISSED:
+                self._tell(name, occurrence, result, time.monotonic() - began)
             finished = RunRecord(
                 run_id=record.run_id,
                 task=name,
@@ -193,6 +285,34 @@ class ScheduledTaskStore:
                 await asyncio.shield(self.locks.store.record_run(finished, keep=self.keep_runs))
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
+
+    async def _run_exclusively(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
+        """``run_exclusively`` whose acquire is retried like the claim: a failure
+        before the task started is the store's, never the task's own."""
+        started = False
+        fn = task.fn
+        wrapped: Callable[[], Any]
+        if _is_async(fn):
+
+            async def wrapped() -> Any:
+                nonlocal started
+                started = True
+                return await fn()
+        else:
+
+            def wrapped() -> Any:
+                nonlocal started
+                started = True
+                return fn()
+
+        options = {} if task.ttl is None else {"ttl": task.ttl}
+        outcome: Outcome = await self._retried(
+            occurrence,
+            lambda: self.locks.run_exclusively(task.name, wrapped, **options),
+            "acquiring its lock",
+            retry=lambda: not started,
+        )
+        return outcome
 
     async def _held_by(self, name: str) -> str:
         """Why a run was skipped, for its record: who held the task's lock."""
@@ -218,6 +338,14 @@ class ScheduledTaskStore:
                 self.listener(name, occurrence, outcome)
             except Exception:
                 log.exception("the scheduler's listener failed")
+
+
+class _Missed(Exception):
+    """An occurrence's store calls failed until past the misfire grace."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 async def _call(fn: Callable[..., Any]) -> None:

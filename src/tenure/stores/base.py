@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+from ._gate import Gate
+
 __all__ = ("Finding", "Grant", "HandedOver", "LeaseInfo", "RenewItem", "RunRecord", "Store")
 
 
@@ -125,6 +127,12 @@ class Store(ABC):
     Redis's blocking variant the async methods call those; PostgreSQL's
     blocking variant (:meth:`for_blocking`) keeps asyncio ones for its
     callers on an event loop (waiters)."""
+
+    gate: Gate | None = None
+    """The bound on this store's calls in flight, where it has one (the
+    networked stores): callers past it queue for a turn, in order, for up to
+    the store's timeout. Its counters show how much queued. None for stores
+    whose calls complete without waiting on a network (memory, SQLite)."""
 
     grants_on_release: ClassVar[bool] = False
     """True when the store offers :meth:`acquire_waiting`: a release hands the

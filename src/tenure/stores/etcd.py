@@ -2,8 +2,11 @@
 
 URL: ``etcd://[user:password@]host:port[,host:port...][?options]``. Options:
 ``prefix`` (key prefix, default ``tenure``), ``timeout`` (seconds per call,
-default 2), ``tls`` (true/false), ``ca``, ``cert``, ``key`` (PEM files; ``ca``
-alone verifies the server, ``cert`` + ``key`` add a client certificate).
+default 2, and seconds a call may queue for its turn), ``in_flight_max``
+(calls sent at once on the store's one channel, default 64: further callers
+queue for a turn, first come, first served), ``tls`` (true/false), ``ca``,
+``cert``, ``key`` (PEM files; ``ca`` alone verifies the server, ``cert`` +
+``key`` add a client certificate).
 
 The driver is gRPC, through the protocol classes that ``aetcd`` generates from
 etcd's own ``.proto`` files (``tenure[etcd]``); the channel, authentication,
@@ -72,10 +75,14 @@ from aetcd.watcher import Watcher
 
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
+from ._gate import Gate
+from ._options import check_pool_max, number
 from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("EtcdStore",)
 
+IN_FLIGHT_MAX = 64
+"""Calls a store sends at once on its channel by default (``in_flight_max``)."""
 _MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 _SEEN_MAX = 10_000  # contended names remembered for a wait that may follow
 
@@ -148,6 +155,8 @@ class _Conn:
 class EtcdStore(Store):
     """Leases in an etcd cluster. See the module docstring."""
 
+    gate: Gate
+
     scheme: ClassVar[str] = "etcd"
 
     def __init__(
@@ -156,6 +165,7 @@ class EtcdStore(Store):
         *,
         prefix: str = "tenure",
         timeout: float = 2.0,
+        in_flight_max: int = IN_FLIGHT_MAX,
         username: str | None = None,
         password: str | None = None,
         tls: bool = False,
@@ -179,7 +189,12 @@ class EtcdStore(Store):
         self.endpoints = list(endpoints)
         self.prefix = prefix
         self.timeout = timeout
+        self.in_flight_max = check_pool_max(in_flight_max, "in_flight_max")
         self.username = username
+        self.gate = Gate(
+            in_flight_max, timeout, what=f"etcd at {self.describe()}", option="in_flight_max"
+        )
+        """The bound on this store's calls in flight (see ``stores._gate``)."""
         self._password = password
         self.tls = tls or ca is not None or cert is not None
         self._ca, self._cert, self._key = ca, cert, key
@@ -222,12 +237,9 @@ class EtcdStore(Store):
             if name == "prefix":
                 options["prefix"] = value
             elif name == "timeout":
-                try:
-                    options["timeout"] = float(value)
-                except ValueError:
-                    raise ConfigurationError(
-                        f"timeout must be a number of seconds, got {value!r}"
-                    ) from None
+                options["timeout"] = number("etcd", name, value, float)
+            elif name == "in_flight_max":
+                options["in_flight_max"] = number("etcd", name, value, int)
             elif name == "tls":
                 if value.lower() not in ("true", "yes", "1", "false", "no", "0"):
                     raise ConfigurationError(f"tls must be true or false, got {value!r}")
@@ -241,7 +253,8 @@ class EtcdStore(Store):
                     ) from None
             else:
                 raise ConfigurationError(
-                    f"unknown etcd URL option {name!r}; known: prefix, timeout, tls, ca, cert, key"
+                    "unknown etcd URL option "
+                    f"{name!r}; known: prefix, timeout, in_flight_max, tls, ca, cert, key"
                 )
         return cls(
             endpoints,
@@ -265,6 +278,7 @@ class EtcdStore(Store):
             self.endpoints,
             prefix=self.prefix,
             timeout=self.timeout,
+            in_flight_max=self.in_flight_max,
             username=self.username,
             password=self._password,
             tls=self.tls,
@@ -375,6 +389,10 @@ class EtcdStore(Store):
         The timeout is the event loop's (monotonic), not gRPC's: gRPC's Python
         layer turns a timeout into a wall-clock deadline, which a clock step
         would move."""
+        async with self.gate:
+            return await self._call_in_turn(method, stub, request)
+
+    async def _call_in_turn(self, method: str, stub: str, request: Any) -> Any:
         for attempt in (1, 2):
             conn = await self._conn()
             try:

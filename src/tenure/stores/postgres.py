@@ -9,10 +9,12 @@ URL forms: ``postgresql://[user[:password]@]host[:port]/dbname`` (or
 ``prefix``
     the start of their names (default ``tenure``: ``tenure_leases`` ...);
 ``timeout``
-    seconds a statement, or the wait for a pooled connection, may take before
-    the call raises StoreUnavailable (default 2);
+    seconds a statement may take, and seconds a call may queue for a
+    connection, before the call raises StoreUnavailable (default 2);
 ``pool_max``
-    connections per event loop (default 10; the renewer's thread has its own);
+    statements in flight at once, and so connections, per store (default 10;
+    the renewer's thread has its own): further callers queue for a turn, first
+    come, first served, instead of failing;
 ``pooler``
     ``transaction`` when the URL points at a transaction pooler (PgBouncer
     ``pool_mode = transaction``): no prepared statements, and no LISTEN on that
@@ -89,6 +91,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from .._aio import shielded, woken_within
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
+from ._gate import Gate
+from ._options import POOL_MAX, check_pool_max, number
 from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("PostgresStore", "schema_sql")
@@ -258,6 +262,8 @@ def _sever_overdue(in_flight: set[_InFlight], timeout: float) -> None:
 class PostgresStore(Store):
     """Leases in a PostgreSQL table. See the module docstring."""
 
+    gate: Gate
+
     scheme: ClassVar[str] = "postgresql"
 
     def __init__(
@@ -267,7 +273,7 @@ class PostgresStore(Store):
         schema: str = "public",
         prefix: str = "tenure",
         timeout: float = 2.0,
-        pool_max: int = 10,
+        pool_max: int = POOL_MAX,
         pooler: str = "session",
         listen_url: str | None = None,
         _shared: _Shared | None = None,
@@ -276,8 +282,7 @@ class PostgresStore(Store):
         _check_ident(prefix, "table prefix", _MAX_PREFIX_BYTES)
         if not (isinstance(timeout, int | float) and 0 < timeout <= 3600):
             raise ConfigurationError(f"timeout must be between 0 and 3600 seconds, got {timeout!r}")
-        if not (isinstance(pool_max, int) and 1 <= pool_max <= 1000):
-            raise ConfigurationError(f"pool_max must be between 1 and 1000, got {pool_max!r}")
+        check_pool_max(pool_max)
         if pooler not in ("session", "transaction"):
             raise ConfigurationError(f"pooler must be 'session' or 'transaction', got {pooler!r}")
         for what, value in (("URL", url), ("listen_url", listen_url)):
@@ -292,6 +297,8 @@ class PostgresStore(Store):
         self.prefix = prefix
         self.timeout = float(timeout)
         self.pool_max = pool_max
+        self.gate = Gate(pool_max, self.timeout, what=f"PostgreSQL at {_mask(url)}")
+        """The bound on this store's statements in flight (see ``stores._gate``)."""
         self.pooler = pooler
         self.listen_url = (
             listen_url if listen_url is not None else (url if pooler == "session" else None)
@@ -410,9 +417,9 @@ class PostgresStore(Store):
             if key in ("schema", "prefix", "pooler", "listen_url"):
                 options[key] = value
             elif key == "timeout":
-                options[key] = _number(key, value, float)
+                options[key] = number("PostgreSQL", key, value, float)
             elif key == "pool_max":
-                options[key] = _number(key, value, int)
+                options[key] = number("PostgreSQL", key, value, int)
             else:
                 rest.append((key, value))
         if not any(key == "connect_timeout" for key, _ in rest):
@@ -639,7 +646,13 @@ class PostgresStore(Store):
 
     async def _query(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
         """Run one statement; its rows ([] when it returns none). Retried once on a
-        connection the server closed; never on a timeout."""
+        connection the server closed; never on a timeout. At most ``pool_max``
+        run at once; the rest queue for a turn (``gate``), so the pool never
+        has to refuse one."""
+        async with self.gate:
+            return await self._query_in_turn(query, params)
+
+    async def _query_in_turn(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
         if not self._shared.schema_ready:
             await self._ensure_schema()
         for attempt in (1, 2):
@@ -903,6 +916,10 @@ class _BlockingPostgresStore(PostgresStore):
         """``_query`` as a plain call on the caller's thread (see the class docstring)."""
         if not self._shared.schema_ready:
             self._ensure_schema_now()
+        with self.gate.blocking():
+            return self._query_now_in_turn(query, params)
+
+    def _query_now_in_turn(self, query: str, params: Sequence[Any]) -> list[Any]:
         for attempt in (1, 2):
             conn, cur = self._take()
             statement = self._watched(conn)
@@ -1024,12 +1041,3 @@ def _connect_timeout(timeout: float) -> int:
     """libpq's connect_timeout for a store's ``timeout``: libpq waits forever by
     default, and its minimum is 2 seconds."""
     return max(2, math.ceil(timeout))
-
-
-def _number(key: str, value: str, kind: type[float] | type[int]) -> float | int:
-    try:
-        return kind(value)
-    except ValueError:
-        raise ConfigurationError(
-            f"PostgreSQL URL option {key} must be a {kind.__name__}, got {value!r}"
-        ) from None

@@ -84,6 +84,8 @@ from .._aio import woken_within
 from .._tokens import new_token
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
+from ._gate import Gate
+from ._options import POOL_MAX, check_pool_max, number
 from .base import Finding, Grant, HandedOver, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("RedisStore",)
@@ -152,13 +154,17 @@ _SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in _SO
 _SHA_BYTES = {name: sha.encode() for name, sha in _SHAS.items()}
 
 
-def _client(factory: Any, url: str, retry: type[Any] = Retry) -> Any:
+def _client(factory: Any, url: str, pool_max: int, retry: type[Any] = Retry) -> Any:
     """A redis-py client (asyncio or blocking) with tenure's timeouts and retry."""
     try:
         return factory(
             url,
             socket_timeout=2.0,
             socket_connect_timeout=2.0,
+            # The store's gate keeps calls in flight within pool_max, and as many
+            # waiters BLPOP at once; redis-py's own bound (which fails a call at
+            # once when reached) only backs that up, with room for pub/sub.
+            max_connections=2 * pool_max + 4,
             decode_responses=False,
             # One immediate retry on a broken connection (a restarted server
             # closes every pooled one), never on a timeout: a timed-out command
@@ -168,6 +174,20 @@ def _client(factory: Any, url: str, retry: type[Any] = Retry) -> Any:
         )
     except (ValueError, TypeError, RedisError) as exc:
         raise ConfigurationError(f"bad Redis URL {_mask(url)!r}: {exc}") from None
+
+
+def _socket_timeout(url: str) -> float:
+    """The URL's ``socket_timeout`` (2 s unless given): also how long a call may
+    queue for a connection."""
+    for key, value in parse_qsl(url.partition("?")[2]):
+        if key == "socket_timeout":
+            seconds = number("Redis", key, value, float)
+            if not 0 < seconds <= 3600:
+                raise ConfigurationError(
+                    f"socket_timeout must be between 0 and 3600 seconds, got {value!r}"
+                )
+            return float(seconds)
+    return 2.0
 
 
 def _encode(arg: str | int | float) -> bytes:
@@ -198,9 +218,14 @@ def _escape_glob(text: str) -> str:
 class RedisStore(Store):
     """Leases in Redis. See the module docstring."""
 
+    gate: Gate
+
     scheme: ClassVar[str] = "redis"
 
-    def __init__(self, url: str, *, prefix: str = "tenure", cluster: bool = False) -> None:
+    def __init__(
+        self, url: str, *, prefix: str = "tenure", cluster: bool = False, pool_max: int = POOL_MAX
+    ) -> None:
+        check_pool_max(pool_max)
         if not prefix or any(ch in prefix for ch in "{}") or not prefix.isprintable():
             raise ConfigurationError(
                 f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
@@ -215,8 +240,13 @@ class RedisStore(Store):
         self.url = url
         self.prefix = prefix
         self.cluster = cluster
+        self.pool_max = pool_max
+        self.gate = Gate(pool_max, _socket_timeout(url), what=f"Redis at {_mask(url)}")
+        """The bound on this store's commands in flight (see ``stores._gate``)."""
         factory: Any = aioredis.RedisCluster.from_url if cluster else aioredis.from_url
-        self._client: Any = _client(factory, url)
+        self._client: Any = _client(factory, url, pool_max)
+        self._popping = 0
+        """Queued waiters in BLPOP now: at most ``pool_max`` (the rest wait on pub/sub)."""
         self._lane = _Lane()
         """The single server's lane (see ``_script_on_lane``)."""
         self._node_lanes: dict[str, _Lane] = {}
@@ -238,10 +268,13 @@ class RedisStore(Store):
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = "tenure"
         cluster = False
+        pool_max = POOL_MAX
         rest = []
         for key, value in query:
             if key == "prefix":
                 prefix = value
+            elif key == "pool_max":
+                pool_max = int(number("Redis", key, value, int))
             elif key == "cluster":
                 if value.lower() not in ("true", "yes", "1", "false", "no", "0"):
                     raise ConfigurationError(f"cluster must be true or false, got {value!r}")
@@ -252,14 +285,16 @@ class RedisStore(Store):
         # which redis-py refuses.
         base = url.partition("?")[0].partition("#")[0]
         clean = f"{base}?{urlencode(rest)}" if rest else base
-        return cls(clean, prefix=prefix, cluster=cluster)
+        return cls(clean, prefix=prefix, cluster=cluster, pool_max=pool_max)
 
     def describe(self) -> str:
         return _mask(self.url)
 
     def sibling(self) -> RedisStore:
         # redis.asyncio connections belong to the loop that opened them.
-        return RedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
+        return RedisStore(
+            self.url, prefix=self.prefix, cluster=self.cluster, pool_max=self.pool_max
+        )
 
     async def warm_up(self) -> None:
         with contextlib.suppress(*_DRIVER_ERRORS):
@@ -295,10 +330,11 @@ class RedisStore(Store):
     async def _script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        lane = self._node_lane(keys[0]) if self.cluster else self._lane
-        if lane is not None and not lane.busy:
-            return await self._script_on_lane(lane, name, keys, args)
-        return await self._script_via_pool(name, keys, args)
+        async with self.gate:
+            lane = self._node_lane(keys[0]) if self.cluster else self._lane
+            if lane is not None and not lane.busy:
+                return await self._script_on_lane(lane, name, keys, args)
+            return await self._script_via_pool(name, keys, args)
 
     async def _script_via_pool(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -420,7 +456,8 @@ class RedisStore(Store):
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
-            return await getattr(self._client, method)(*args)
+            async with self.gate:
+                return await getattr(self._client, method)(*args)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
@@ -470,18 +507,17 @@ class RedisStore(Store):
         return bool(await self._script("release", *self._release_call(name, token)))
 
     def for_blocking(self) -> Store:
-        return _BlockingRedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
+        return _BlockingRedisStore(
+            self.url, prefix=self.prefix, cluster=self.cluster, pool_max=self.pool_max
+        )
 
     async def wait_released(self, name: str, timeout: float) -> None:
         channel = self._channel(name).encode()
         woken = self._wake_up(channel)
         try:
-            try:
-                if not await self._subscribed(channel, timeout):
-                    return
-                remaining_ms = await self._client.pttl(self._lease(name))
-            except _DRIVER_ERRORS as exc:
-                raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+            if not await self._subscribed(channel, timeout):
+                return
+            remaining_ms = await self._call("pttl", self._lease(name))
             if remaining_ms < 0:  # -2: no lease; -1 cannot happen (always PEXPIREd)
                 return
             await woken_within(woken, min(timeout, remaining_ms / 1000))
@@ -527,17 +563,24 @@ class RedisStore(Store):
                 # The lease's expiry (a crashed holder) wakes every waiter too.
                 wake = min(left, max(answer[1], 1) / 1000)
                 if answer[0] == 0:
-                    # Queued: the release hands us the lease and notes it on the
-                    # list; we call again before our entry lapses.
+                    # Queued: the release hands us the lease; we call again
+                    # before our entry lapses.
                     queued_at = sent
-                    note = await self._pop(handed, min(wake, _QUEUE_LIFE / 3))
+                    wake = min(wake, _QUEUE_LIFE / 3)
+                if answer[0] == 0 and self._popping < self.pool_max:
+                    # The release notes the hand-over on the list we BLPOP.
+                    note = await self._pop(handed, wake)
                     if note is not None and note.startswith(mine):
+                        assert queued_at is not None
                         # Its since counts from our last call that kept us queued,
                         # so queued_at + since is no later than the grant.
                         _, fence, since = note.split(b"|")
                         return HandedOver(
                             Grant(int(fence)), queued_at + int(since) / 1000, handover
                         )
+                # Not queued, or as many queued waiters BLPOP as the pool allows:
+                # woken by the release's message, a queued waiter learns of its
+                # hand-over from its next call (answer 2).
                 elif woken is None or channel not in self._confirmed:
                     # Another waiter is queued: wake on any release, and look
                     # again once subscribed (a release may have come between).
@@ -576,6 +619,7 @@ class RedisStore(Store):
         """
         seconds = f"{max(timeout, 0.001):.3f}"
         before = _cancel_requests()
+        self._popping += 1
         try:
             if self.cluster:
                 answer = await self._client.blpop([key], float(seconds))
@@ -598,6 +642,8 @@ class RedisStore(Store):
                 self._poppers.append(conn)
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        finally:
+            self._popping -= 1
         if self.cluster:
             _raise_swallowed_cancel(before)
         return None if answer is None else answer[1]
@@ -721,6 +767,11 @@ class RedisStore(Store):
 
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
         pattern = f"{{{_escape_glob(self.prefix)}:{_escape_glob(prefix)}*}}:lease"
+        # One turn for the whole listing: it uses one connection at a time.
+        async with self.gate:
+            return await self._holders_in_turn(pattern)
+
+    async def _holders_in_turn(self, pattern: str) -> list[LeaseInfo]:
         try:
             keys = [key async for key in self._client.scan_iter(match=pattern, count=500)]
             infos = []
@@ -807,10 +858,16 @@ class RedisStore(Store):
             )
         return found
 
+    async def holder_of(self, name: str) -> LeaseInfo | None:
+        # The lease's own key, not a SCAN of the key space (a skipped scheduled
+        # run asks, so it must cost one round trip however many leases exist).
+        found = await self._live_grant(name)
+        return None if found is None else found[1]
+
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         key = self._lease(name)
         try:
-            async with self._client.pipeline(transaction=False) as pipe:
+            async with self.gate, self._client.pipeline(transaction=False) as pipe:
                 pipe.hmget(key, "token", "holder", "fence", "acquired")
                 pipe.pttl(key)
                 (token, holder, fence, acquired), pttl = await pipe.execute()
@@ -850,7 +907,7 @@ class RedisStore(Store):
         return int(await self._script("record", (records, index), ("", "", "0", keep)))
 
     async def _task_names(self) -> list[str]:
-        names: Any = await self._client.smembers(f"{{{self.prefix}:tasks}}")
+        names: Any = await self._call("smembers", f"{{{self.prefix}:tasks}}")
         return [name.decode() for name in names]
 
     async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
@@ -862,9 +919,9 @@ class RedisStore(Store):
             found: list[RunRecord] = []
             for name in tasks:
                 records, index = self._runs_keys(name)
-                ids: Any = await self._client.zrevrange(index, 0, limit - 1)
+                ids: Any = await self._call("zrevrange", index, 0, limit - 1)
                 if ids:
-                    for raw in await self._client.hmget(records, list(ids)):
+                    for raw in await self._call("hmget", records, list(ids)):
                         if raw is not None:
                             found.append(RunRecord(*json.loads(raw)))
         except _DRIVER_ERRORS as exc:
@@ -893,11 +950,14 @@ class _BlockingRedisStore(RedisStore):
 
     completes_at_once: ClassVar[bool] = True
 
-    def __init__(self, url: str, *, prefix: str = "tenure", cluster: bool = False) -> None:
-        super().__init__(url, prefix=prefix, cluster=cluster)
+    def __init__(
+        self, url: str, *, prefix: str = "tenure", cluster: bool = False, pool_max: int = POOL_MAX
+    ) -> None:
+        super().__init__(url, prefix=prefix, cluster=cluster, pool_max=pool_max)
         self._blocking: Any = _client(
             redis_sync.RedisCluster.from_url if cluster else redis_sync.Redis.from_url,
             url,
+            pool_max,
             BlockingRetry,
         )
         self._idle: list[Any] = []
@@ -906,6 +966,12 @@ class _BlockingRedisStore(RedisStore):
         """Per Redis Cluster node (by name): its connection pool and our idle connections."""
 
     def _blocking_script(
+        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        with self.gate.blocking():
+            return self._blocking_script_in_turn(name, keys, args)
+
+    def _blocking_script_in_turn(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
         try:
@@ -1009,7 +1075,9 @@ class _BlockingRedisStore(RedisStore):
     def sibling(self) -> RedisStore:
         # Of the same kind, so that a forked child's reconnected service still
         # acquires on the caller's thread; the renewer only uses its asyncio side.
-        return _BlockingRedisStore(self.url, prefix=self.prefix, cluster=self.cluster)
+        return _BlockingRedisStore(
+            self.url, prefix=self.prefix, cluster=self.cluster, pool_max=self.pool_max
+        )
 
     async def aclose(self) -> None:
         while self._idle:

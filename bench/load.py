@@ -1,0 +1,230 @@
+"""Load: burst throughput at 1-500 concurrent callers, and the cost of a handoff in a herd.
+
+    python bench/load.py                      every store: SQLite, Redis, PostgreSQL, etcd
+    python bench/load.py --stores redis,postgres
+    python bench/load.py --fsync              PostgreSQL with fsync=on (production's setting)
+    python bench/load.py --smoke              a few iterations of everything (the test suite)
+
+Each store is a throwaway server started here (PostgreSQL with ``fsync=off``
+unless ``--fsync``; etcd as the tests run it). Figures are measured side by
+side in one run and printed as ratios:
+
+* **burst**: acquire+release cycles per second with 1, 10, 100 and 500
+  callers at once in one process (each on names of its own), and how many
+  calls failed. Beside it, the peer a user would otherwise pick, on the same
+  server and concurrency: redis-py's asyncio ``Lock`` (over a blocking pool of
+  the same size as tenure's ``pool_max``) on Redis, a hand-written
+  single-statement lease cycle (psycopg pool of the same size) on PostgreSQL.
+* **herd**: N waiters (``wait=60``) for one name in one process, each holding
+  it 1 ms: the time per handoff, against one waiter's handoff measured the
+  same way in the same run (the target is at most 2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.servers import EtcdCluster, PostgresServer, RedisServer
+
+from tenure import LockService
+
+Cycle = Callable[[str], Awaitable[None]]
+
+
+async def burst(cycle: Cycle, callers: int, per_caller: int) -> tuple[float, int]:
+    """Cycles per second with ``callers`` at once, and how many calls failed."""
+    failed = 0
+    prefix = uuid.uuid4().hex[:8]
+
+    async def caller(k: int) -> None:
+        nonlocal failed
+        for j in range(per_caller):
+            try:
+                await cycle(f"{prefix}-{k}-{j}")
+            except Exception:
+                failed += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(k) for k in range(callers)))
+    took = time.perf_counter() - started
+    return callers * per_caller / took, failed
+
+
+async def tenure_cycle(locks: LockService) -> Cycle:
+    async def cycle(name: str) -> None:
+        lock = await locks.acquire(name, ttl=30)
+        if lock is None:
+            raise RuntimeError(f"{name} was not granted")
+        await lock.release()
+
+    return cycle
+
+
+async def herd(locks: LockService, waiters: int) -> float:
+    """Seconds per handoff among ``waiters`` waiting for one name, each holding it 1 ms."""
+    name = f"herd-{uuid.uuid4().hex[:8]}"
+    first = await locks.acquire(name, ttl=30)
+    assert first is not None
+    done = 0
+
+    async def waiter() -> None:
+        nonlocal done
+        lock = await locks.acquire(name, ttl=30, wait=120)
+        assert lock is not None, "a waiter timed out"
+        await asyncio.sleep(0.001)
+        await lock.release()
+        done += 1
+
+    tasks = [asyncio.ensure_future(waiter()) for _ in range(waiters)]
+    await asyncio.sleep(0.5 + waiters / 500)  # every waiter is waiting
+    started = time.perf_counter()
+    await first.release()
+    await asyncio.gather(*tasks)
+    took = time.perf_counter() - started
+    assert done == waiters
+    return took / waiters
+
+
+def redis_peer(url: str, pool_max: int) -> tuple[Callable[[], Awaitable[Cycle]], Any]:
+    import redis.asyncio as aioredis
+
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=pool_max, timeout=20)
+    client = aioredis.Redis(connection_pool=pool)
+
+    async def make() -> Cycle:
+        async def cycle(name: str) -> None:
+            lock = client.lock(f"peer:{name}", timeout=30, blocking=False)
+            if not await lock.acquire():
+                raise RuntimeError(f"{name} was not granted")
+            await lock.release()
+
+        return cycle
+
+    return make, client.aclose
+
+
+def postgres_peer(url: str, pool_max: int) -> tuple[Callable[[], Awaitable[Cycle]], Any]:
+    from psycopg_pool import AsyncConnectionPool
+
+    pool = AsyncConnectionPool(
+        url, min_size=pool_max, max_size=pool_max, open=False, kwargs={"autocommit": True}
+    )
+
+    async def make() -> Cycle:
+        await pool.open(wait=True)
+        async with pool.connection() as conn:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS bench_leases (name text PRIMARY KEY, token text,"
+                " expires timestamptz)"
+            )
+
+        async def cycle(name: str) -> None:
+            token = uuid.uuid4().hex
+            async with pool.connection() as conn:
+                got = await conn.execute(
+                    "INSERT INTO bench_leases VALUES (%s, %s, clock_timestamp() + interval '30 s')"
+                    " ON CONFLICT (name) DO UPDATE SET token = excluded.token,"
+                    " expires = excluded.expires WHERE bench_leases.expires < clock_timestamp()"
+                    " RETURNING 1",
+                    (name, token),
+                )
+                if await got.fetchone() is None:
+                    raise RuntimeError(f"{name} was not granted")
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "DELETE FROM bench_leases WHERE name = %s AND token = %s", (name, token)
+                )
+
+        return cycle
+
+    return make, pool.close
+
+
+def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
+    urls: dict[str, str] = {}
+    for name in names:
+        if name == "sqlite":
+            urls[name] = f"sqlite://{stack.enter_context(tempfile.TemporaryDirectory())}/b.db"
+        elif name == "redis":
+            redis = RedisServer()
+            stack.callback(redis.stop)
+            urls[name] = redis.url
+        elif name == "postgres":
+            postgres = PostgresServer(fsync=fsync)
+            stack.callback(postgres.stop)
+            urls[name] = postgres.url()
+        elif name == "etcd":
+            etcd = EtcdCluster()
+            stack.callback(etcd.stop)
+            urls[name] = etcd.url
+        else:
+            raise SystemExit(f"unknown store {name!r}; known: sqlite, redis, postgres, etcd")
+    return urls
+
+
+async def measure(name: str, url: str, smoke: bool, fsync: bool) -> None:
+    levels = (1, 10) if smoke else (1, 10, 100, 500)
+    total = 40 if smoke else 4000
+    herd_size = 10 if smoke else 500
+    setting = {"postgres": f" (fsync={'on' if fsync else 'off'})"}.get(name, "")
+    print(f"\n## {name}{setting}")
+    async with LockService.from_url(url) as locks:
+        ours = await tenure_cycle(locks)
+        peer_make: Callable[[], Awaitable[Cycle]] | None = None
+        peer_close: Any = None
+        pool_max = getattr(locks.store, "pool_max", 10)
+        if name == "redis":
+            peer_make, peer_close = redis_peer(url, pool_max)
+            peer_label = "redis-py Lock"
+        elif name == "postgres":
+            peer_make, peer_close = postgres_peer(url, pool_max)
+            peer_label = "hand-written lease"
+        peer = await peer_make() if peer_make is not None else None
+        print(
+            "burst: callers | tenure cycles/s (failed) | "
+            + (f"{peer_label} | ratio" if peer else "")
+        )
+        for callers in levels:
+            per_caller = max(1, total // callers)
+            rate, failed = await burst(ours, callers, per_caller)
+            line = f"  {callers:>4} | {rate:>9.0f} ({failed})"
+            if peer is not None:
+                peer_rate, peer_failed = await burst(peer, callers, per_caller)
+                line += f" | {peer_rate:>9.0f} ({peer_failed}) | {rate / peer_rate:.2f}x"
+            print(line)
+        if peer_close is not None:
+            await peer_close()
+        single = statistics.median([await herd(locks, 1) for _ in range(5 if smoke else 30)])
+        many = await herd(locks, herd_size)
+        print(
+            f"herd: {herd_size} waiters {many * 1000:.2f} ms per handoff, one waiter "
+            f"{single * 1000:.2f} ms: {many / single:.1f}x (target 2x)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--stores", default="sqlite,redis,postgres,etcd")
+    parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
+    parser.add_argument("--smoke", action="store_true", help="a few iterations of everything")
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        urls = servers(args.stores.split(","), args.fsync, stack)
+        for name, url in urls.items():
+            asyncio.run(measure(name, url, args.smoke, args.fsync))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""bench/load.py in its smoke mode, so that it cannot rot. Nothing about time is asserted."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_load_benchmark_runs_on_every_store() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--smoke"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    for store in ("sqlite", "redis", "postgres (fsync=off)", "etcd"):
+        assert f"## {store}" in done.stdout
+    failures = [int(n) for n in re.findall(r"\((\d+)\)", done.stdout)]
+    assert failures and not any(failures), done.stdout
+    assert done.stdout.count("herd: 10 waiters") == 4

@@ -1,0 +1,66 @@
+"""An occurrence whose store fails: retried within the misfire grace, then `missed`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from tenure import LockService, RunOutcome, Scheduler
+
+from ..conftest import StoreKind
+
+
+async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
+    shared_kind: StoreKind, shared_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with LockService.from_url(shared_url) as locks:
+        scheduler = Scheduler(locks, prune=None, misfire_grace=0.5)
+        ran: list[float] = []
+
+        @scheduler.cron("* * * * *", name="nightly")
+        async def nightly() -> None:
+            ran.append(time.time())
+
+        await locks.store.runs("nightly")  # connected (and tables made) before the outage
+        occurrence = float(int(time.time()))
+        caplog.set_level(logging.DEBUG, logger="tenure")
+        started = time.monotonic()
+        with shared_kind.outage(locks.store):
+            running = asyncio.ensure_future(scheduler.tasks.run("nightly", occurrence=occurrence))
+            await asyncio.sleep(2.5)
+        outcome = await asyncio.wait_for(running, 30)
+        assert time.monotonic() - started >= 2.5, "the outage lasted past the grace"
+        assert outcome == "skipped" and ran == []
+        assert scheduler.tasks.counts[RunOutcome.MISSED] == 1
+        records = await locks.store.runs("nightly")
+        assert [(r.fire_time, r.outcome) for r in records] == [(occurrence, "missed")]
+        assert records[0].error is not None and "misfire grace" in records[0].error
+        said = [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name.startswith("tenure")
+        ]
+        assert len(said) == 1, [r.getMessage() for r in said]
+        assert "missed" in said[0].getMessage() and said[0].exc_info is None
+        # The next occurrence, with the store back, runs as usual.
+        assert await scheduler.tasks.run("nightly", occurrence=occurrence + 60) == "ran"
+        assert len(ran) == 1
+
+
+async def test_a_manual_run_is_not_retried(shared_kind: StoreKind, shared_url: str) -> None:
+    """Without an occurrence there is no grace: the caller sees the store's error."""
+    from tenure import StoreUnavailable
+
+    async with LockService.from_url(shared_url) as locks:
+        scheduler = Scheduler(locks, prune=None)
+
+        @scheduler.cron("* * * * *", name="by-hand")
+        async def by_hand() -> None: ...
+
+        await locks.store.runs("by-hand")
+        with shared_kind.outage(locks.store), pytest.raises(StoreUnavailable):
+            await scheduler.tasks.run("by-hand")
+        assert scheduler.tasks.counts[RunOutcome.MISSED] == 0
