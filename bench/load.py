@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.servers import EtcdCluster, PostgresServer, RedisServer
 
-from tenure import LockService
+from tenure import LockService, StoreUnavailable
 
 Cycle = Callable[[str], Awaitable[None]]
 
@@ -207,7 +207,11 @@ async def measure(name: str, url: str, smoke: bool, fsync: bool) -> None:
         if peer_close is not None:
             await peer_close()
         single = statistics.median([await herd(locks, 1) for _ in range(5 if smoke else 30)])
-        many = await herd(locks, herd_size)
+        try:
+            many = await herd(locks, herd_size)
+        except StoreUnavailable as exc:  # reported as a result: a herd that fails is a finding
+            print(f"herd: {herd_size} waiters FAILED (one waiter {single * 1000:.2f} ms): {exc}")
+            return
         print(
             f"herd: {herd_size} waiters {many * 1000:.2f} ms per handoff, one waiter "
             f"{single * 1000:.2f} ms: {many / single:.1f}x (target 2x)"
