@@ -147,8 +147,10 @@ class ScheduledTaskStore:
         With ``occurrence`` (its fire time, as the timer loop passes it) the
         occurrence is claimed first; if another instance claimed it, nothing
         runs and nothing is recorded here. Returns RAN, or SKIPPED when the
-        occurrence or the lock belongs to another run. An exception from the
-        task (or LockLost) is recorded and then raised.
+        occurrence or the lock belongs to another run, or when the occurrence
+        was missed (its store calls failed past the misfire grace: recorded as
+        ``missed``). An exception from the task (or LockLost) is recorded and
+        then raised.
         """
         task = self[name]
         try:
