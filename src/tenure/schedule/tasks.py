@@ -190,7 +190,7 @@ class ScheduledTaskStore:
         """An occurrence that could not run: counted, told, logged once, recorded if possible."""
         self.counts[RunOutcome.MISSED] += 1
         self._tell(name, occurrence, RunOutcome.MISSED, None)
-        log.warning("task %r: occurrence %s missed: %s", name, occurrence, reason)
+        _log_missed(name, occurrence, reason)
         now = self.clock()
         record = RunRecord(
             run_id=secrets.token_hex(8),
@@ -247,10 +247,9 @@ class ScheduledTaskStore:
             else:
                 await _call(task.fn)
                 outcome = Outcome.RAN
-        except _Missed as exc:
+        except _Missed as exc:  # its start record is closed as missed below
             result, error = RunOutcome.MISSED, exc.reason
-            self._tell(name, occurrence, result, None)
-            log.warning("task %r: occurrence %s missed: %s", name, occurrence, exc.reason)
+            _log_missed(name, occurrence, exc.reason)
             return Outcome.SKIPPED
         except LockLost as exc:
             result, error = RunOutcome.LOST, str(exc)
@@ -271,8 +270,7 @@ class ScheduledTaskStore:
             return outcome
         finally:
             self.counts[result] += 1
-            if result is not RunOutcome.MISSED:
-                self._tell(name, occurrence, result, time.monotonic() - began)
+            self._tell(name, occurrence, result, time.monotonic() - began)
             finished = RunRecord(
                 run_id=record.run_id,
                 task=name,
@@ -348,6 +346,10 @@ class _Missed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def _log_missed(name: str, occurrence: float | None, reason: str) -> None:
+    log.warning("task %r: occurrence %s missed: %s", name, occurrence, reason)
 
 
 async def _call(fn: Callable[..., Any]) -> None:

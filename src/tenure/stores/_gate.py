@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from types import TracebackType
 
@@ -168,8 +167,7 @@ class Gate:
             self._queue.append(turn)
             self.queued += 1
         assert turn.event is not None
-        deadline = time.monotonic() + self.timeout
-        if turn.event.wait(max(deadline - time.monotonic(), 0.0)):
+        if turn.event.wait(self.timeout):
             return
         with self._mutex:
             if not turn.given:
