@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +48,12 @@ def settle(future: asyncio.Future[None]) -> None:
     """Resolve a wake-up future unless it is done (woken, timed out or cancelled)."""
     if not future.done():
         future.set_result(None)
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (partials and async ``__call__`` included)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ makes an async callable
+    )

@@ -6,7 +6,6 @@ import asyncio
 import contextvars
 import enum
 import functools
-import inspect
 import logging
 import os
 import secrets
@@ -14,18 +13,19 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _validate
+from ._aio import is_async
 from ._aio import shielded as _shielded
 from ._tokens import new_token
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
-from .stores.base import Grant, Store
+from .stores.base import AcquireItem, Grant, ReleaseItem, Store
 
 __all__ = ("Lock", "LockService", "Outcome", "current_lock")
 
@@ -460,6 +460,86 @@ class LockService:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_ignore_result)
 
+    async def acquire_each(
+        self, names: Sequence[str], *, ttl: float = _validate.DEFAULT_TTL
+    ) -> list[Lock | None]:
+        """Try to acquire each of ``names`` once, without waiting: one answer per
+        name, in order, as ``acquire(name, ttl=ttl)`` would give it.
+
+        Sent in as few store calls as the store allows (``Store.batch_max``
+        names per call): what many locks at once (a scheduler's tick) costs.
+        Each name is granted or not on its own. The names must be distinct.
+        Raises StoreUnavailable when a call fails; the locks of that call
+        (and of the calls before it) are then given back, not returned.
+        """
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise InvalidArgument(f"acquire_each takes a list of names, got {names!r}")
+        seen: set[str] = set()
+        for name in names:
+            ttl, _ = self._admit(name, ttl, 0.0)
+            if name in seen:
+                raise InvalidArgument(f"acquire_each needs distinct names; {name!r} is given twice")
+            seen.add(name)
+        locks: list[Lock | None] = []
+        size = self.store.batch_max
+        for begin in range(0, len(names), size):
+            chunk = [
+                AcquireItem(n, new_token(), ttl, self.holder) for n in names[begin : begin + size]
+            ]
+            sent = time.monotonic()
+            try:
+                grants = await self.store.acquire_many(chunk)
+            except (asyncio.CancelledError, StoreUnavailable) as exc:
+                # The store may have granted some before the answer was lost:
+                # the tokens are ours alone, so giving them back is safe.
+                for item in chunk:
+                    self._release_abandoned(item.name, item.token)
+                for lock in locks:
+                    if lock is not None:
+                        self._release_in_background(lock)
+                if isinstance(exc, StoreUnavailable) and self._hooks.hooks:
+                    for item in chunk:
+                        self._hooks.emit(
+                            Event("unavailable", item.name, self.holder, detail=str(exc))
+                        )
+                raise
+            took = time.monotonic() - sent
+            for item, grant in zip(chunk, grants, strict=True):
+                lock = self._granted(item.name, item.token, ttl, sent, grant)
+                if self._hooks.hooks:
+                    self._observed(item.name, lock, took)
+                locks.append(lock)
+        return locks
+
+    async def release_each(self, locks: Sequence[Lock]) -> list[bool]:
+        """``lock.release()`` for each of ``locks`` (distinct names), in as few
+        store calls as the store allows; one answer per lock, in order.
+
+        Raises StoreUnavailable when a call fails: the locks not yet released
+        in the store lapse by themselves within their TTL.
+        """
+        for lock in locks:
+            if not isinstance(lock, Lock) or lock._service is not self:
+                raise InvalidArgument(f"release_each takes locks of this service, got {lock!r}")
+        if len({lock.name for lock in locks}) != len(locks):
+            raise InvalidArgument("release_each needs locks of distinct names")
+        answers = [False] * len(locks)
+        pending = [(i, lock, lock._leave()) for i, lock in enumerate(locks) if not lock.released]
+        size = self.store.batch_max
+        for begin in range(0, len(pending), size):
+            chunk = pending[begin : begin + size]
+            released = await self.store.release_many(
+                [ReleaseItem(lock.name, lock.token) for _, lock, _ in chunk]
+            )
+            for (i, lock, was_held), in_store in zip(chunk, released, strict=True):
+                answers[i] = lock._left(was_held, in_store)
+        return answers
+
+    def _release_in_background(self, lock: Lock) -> None:
+        task = asyncio.ensure_future(self._release_quietly(lock))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def run_exclusively(
         self,
         name: str,
@@ -483,16 +563,30 @@ class LockService:
         if lock is None:
             log.debug("run_exclusively(%r): held elsewhere, skipped", name)
             return Outcome.SKIPPED
+        try:
+            await self.run_under(lock, fn, *args, **kwargs)
+        finally:
+            await _shielded(self._release_quietly(lock))
+        return Outcome.RAN
+
+    async def run_under(
+        self, lock: Lock, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
+        """Run ``fn(*args, **kwargs)`` under ``lock``, already held, as
+        ``run_exclusively`` does (``current_lock()`` is ``lock``; a loss
+        cancels an async ``fn`` and raises LockLost), without releasing it."""
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be callable, got {fn!r}")
+        if not isinstance(lock, Lock) or lock._service is not self:
+            raise InvalidArgument(f"run_under takes a lock of this service, got {lock!r}")
         reset = _current.set(lock)
         try:
-            if _is_async(fn):
+            if is_async(fn):
                 await self._run_async(lock, fn, args, kwargs)
             else:
                 await self._run_sync(lock, fn, args, kwargs)
         finally:
             _current.reset(reset)
-            await _shielded(self._release_quietly(lock))
-        return Outcome.RAN
 
     async def _run_async(
         self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -543,14 +637,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ makes an async callable
-    )
 
 
 def _release_failed(lock: Lock, exc: TenureError) -> None:

@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 
 from . import _validate
 from . import locks as _core
+from ._aio import is_async
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Hook
 from .locks import Outcome
@@ -311,7 +312,7 @@ class LockService:
         """
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, got {fn!r}")
-        if _core._is_async(fn):
+        if is_async(fn):
             raise InvalidArgument(
                 f"{fn!r} is an async function; run it with tenure.LockService (asyncio)"
             )

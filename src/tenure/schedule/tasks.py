@@ -14,6 +14,11 @@ record and the lock's acquire are tried again, with a growing pause (50 ms to
 1 s), for as long as the occurrence is within the misfire grace; one that
 still cannot run ends ``missed``, with the reason in its record (when the
 store takes it), an event, a count and one log line.
+
+Occurrences that fall due together are one batch at each step: their
+claims, start records, lock acquires, releases and end records each go to
+the store as one call per ``Store.batch_max`` of them (``_batch``), so that a
+tick of a thousand due tasks costs a few store calls, not thousands.
 """
 
 from __future__ import annotations
@@ -25,15 +30,17 @@ import logging
 import secrets
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._aio import is_async
 from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from ..events import Event
-from ..locks import LockService, Outcome, _is_async
+from ..locks import Lock, LockService, Outcome
 from ..stores.base import RunRecord
+from ._batch import Coalesced
 from .cron import CronSchedule
 
 __all__ = ("RunOutcome", "ScheduledTask", "ScheduledTaskStore")
@@ -94,9 +101,75 @@ class ScheduledTaskStore:
         """How long after its fire time a failing store call of an occurrence is tried again."""
         self.listener = listener
         self._tasks: dict[str, ScheduledTask] = {}
+        self._orphans: set[asyncio.Task[None]] = set()
         self.counts: collections.Counter[str] = collections.Counter()
         """Runs by outcome (``missed`` among them), plus ``claimed_elsewhere`` for
         occurrences another instance took."""
+        size = locks.store.batch_max
+        self._claims: Coalesced[tuple[str, float], bool] = Coalesced(
+            self._claim_batch, size, key=lambda claim: claim[0]
+        )
+        self._records: Coalesced[RunRecord, None] = Coalesced(
+            self._record_batch, size, key=lambda record: record.run_id
+        )
+        self._releases: Coalesced[Lock, bool] = Coalesced(
+            self.locks.release_each, size, key=lambda lock: lock.name
+        )
+        self._acquires: dict[float | None, Coalesced[str, Lock | None]] = {}
+
+    @property
+    def store_calls(self) -> collections.Counter[str]:
+        """Store calls the runs made so far, by step (``claim``, ``record``,
+        ``acquire``, ``release``): what a test reads to see that a tick's
+        occurrences went to the store in batches."""
+        return collections.Counter(
+            claim=self._claims.calls,
+            record=self._records.calls,
+            acquire=sum(batch.calls for batch in self._acquires.values()),
+            release=self._releases.calls,
+        )
+
+    async def _claim_batch(self, claims: list[tuple[str, float]]) -> list[bool]:
+        # Through self.locks each time: a forked child's service has a store of its own.
+        return await self.locks.store.claim_occurrences(claims)
+
+    async def _record_batch(self, records: list[RunRecord]) -> list[None]:
+        await self.locks.store.record_runs(records, keep=self.keep_runs)
+        return [None] * len(records)
+
+    def _acquire(self, name: str, ttl: float | None) -> Awaitable[Lock | None]:
+        batch = self._acquires.get(ttl)
+        if batch is None:
+            options = {} if ttl is None else {"ttl": ttl}
+
+            async def acquire_each(names: list[str]) -> list[Lock | None]:
+                return await self.locks.acquire_each(names, **options)
+
+            batch = self._acquires[ttl] = Coalesced(
+                acquire_each,
+                self.locks.store.batch_max,
+                key=lambda n: n,
+                orphaned=self._orphaned,
+            )
+        return batch(name)
+
+    def _orphaned(self, lock: Lock | None) -> None:
+        """A grant whose occurrence was cancelled while it was on its way."""
+        if lock is not None:
+            task = asyncio.ensure_future(self._release(lock))
+            self._orphans.add(task)
+            task.add_done_callback(self._orphans.discard)
+
+    async def _release(self, lock: Lock) -> None:
+        try:
+            await self._releases(lock)
+        except TenureError as exc:
+            log.warning(
+                "releasing lock %r failed; it lapses by itself within %.1f s: %s",
+                lock.name,
+                lock.ttl,
+                exc,
+            )
 
     def add(
         self,
@@ -206,20 +279,16 @@ class ScheduledTaskStore:
         # (in the occurrence's own task; a stopping scheduler cancels it).
         try:
             await self._retried(
-                now,
-                lambda: self.locks.store.record_run(record, keep=self.keep_runs),
-                "recording",
-                within=_RECORD_MISSED_FOR,
+                now, lambda: self._records(record), "recording", within=_RECORD_MISSED_FOR
             )
         except (_Missed, TenureError) as exc:
             log.debug("could not record the missed occurrence of %r: %s", name, exc)
 
     async def _run(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
         name = task.name
-        store = self.locks.store
         if occurrence is not None and task.exclusive:
             claimed = await self._retried(
-                occurrence, lambda: store.claim_occurrence(name, occurrence), "claiming it"
+                occurrence, lambda: self._claims((name, occurrence)), "claiming it"
             )
             if not claimed:
                 log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
@@ -235,9 +304,7 @@ class ScheduledTaskStore:
             ended=None,
             outcome=RunOutcome.RUNNING,
         )
-        await self._retried(
-            occurrence, lambda: store.record_run(record, keep=self.keep_runs), "recording its start"
-        )
+        await self._retried(occurrence, lambda: self._records(record), "recording its start")
         began = time.monotonic()
         result: RunOutcome = RunOutcome.FAILED
         error: str | None = "interrupted"
@@ -282,37 +349,24 @@ class ScheduledTaskStore:
                 error=error,
             )
             try:
-                await asyncio.shield(self.locks.store.record_run(finished, keep=self.keep_runs))
+                await asyncio.shield(self._records(finished))
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
 
     async def _run_exclusively(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
-        """``run_exclusively`` whose acquire is retried like the claim: a failure
-        before the task started is the store's, never the task's own."""
-        started = False
-        fn = task.fn
-        wrapped: Callable[[], Any]
-        if _is_async(fn):
-
-            async def wrapped() -> Any:
-                nonlocal started
-                started = True
-                return await fn()
-        else:
-
-            def wrapped() -> Any:
-                nonlocal started
-                started = True
-                return fn()
-
-        options = {} if task.ttl is None else {"ttl": task.ttl}
-        outcome: Outcome = await self._retried(
-            occurrence,
-            lambda: self.locks.run_exclusively(task.name, wrapped, **options),
-            "acquiring its lock",
-            retry=lambda: not started,
+        """``run_exclusively`` in batches: the acquire is retried like the claim
+        (a failure before the task started is the store's, never the task's
+        own), and the acquire and the release join those of the same tick."""
+        lock = await self._retried(
+            occurrence, lambda: self._acquire(task.name, task.ttl), "acquiring its lock"
         )
-        return outcome
+        if lock is None:
+            return Outcome.SKIPPED
+        try:
+            await self.locks.run_under(lock, task.fn)
+        finally:
+            await asyncio.shield(self._release(lock))
+        return Outcome.RAN
 
     async def _held_by(self, name: str) -> str:
         """Why a run was skipped, for its record: who held the task's lock."""
@@ -353,7 +407,7 @@ def _log_missed(name: str, occurrence: float | None, reason: str) -> None:
 
 
 async def _call(fn: Callable[..., Any]) -> None:
-    if _is_async(fn):
+    if is_async(fn):
         await fn()
     else:
         await asyncio.to_thread(fn)

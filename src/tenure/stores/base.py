@@ -34,7 +34,17 @@ from typing import ClassVar, NamedTuple
 
 from ._gate import Gate
 
-__all__ = ("Finding", "Grant", "HandedOver", "LeaseInfo", "RenewItem", "RunRecord", "Store")
+__all__ = (
+    "AcquireItem",
+    "Finding",
+    "Grant",
+    "HandedOver",
+    "LeaseInfo",
+    "ReleaseItem",
+    "RenewItem",
+    "RunRecord",
+    "Store",
+)
 
 
 @dataclass(slots=True)  # not frozen: made on every acquire, and frozen costs twice as much
@@ -62,6 +72,22 @@ class RenewItem(NamedTuple):
     name: str
     token: str
     ttl: float
+
+
+class AcquireItem(NamedTuple):
+    """One acquire of a batch (:meth:`Store.acquire_many`)."""
+
+    name: str
+    token: str
+    ttl: float
+    holder: str
+
+
+class ReleaseItem(NamedTuple):
+    """One release of a batch (:meth:`Store.release_many`)."""
+
+    name: str
+    token: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +159,11 @@ class Store(ABC):
     networked stores): callers past it queue for a turn, in order, for up to
     the store's timeout. Its counters show how much queued. None for stores
     whose calls complete without waiting on a network (memory, SQLite)."""
+
+    batch_max: ClassVar[int] = 500
+    """The most items one call of a batch method (:meth:`claim_occurrences`,
+    :meth:`acquire_many`, :meth:`release_many`, :meth:`record_runs`) takes;
+    callers split longer batches. etcd's is its transaction limit (128)."""
 
     grants_on_release: ClassVar[bool] = False
     """True when the store offers :meth:`acquire_waiting`: a release hands the
@@ -231,6 +262,30 @@ class Store(ABC):
 
         Keeps at most the ``keep`` newest records (by ``started``) of that task.
         """
+
+    # -- batches: what many concurrent callers ask for, in as few round trips
+    # as the store allows (the scheduler's tick). Each item is one atomic step
+    # on its own, exactly as the single call; the batch is not all-or-nothing.
+    # At most ``batch_max`` items per call. StoreUnavailable means nothing is
+    # known about any item: some may have been applied. The defaults make one
+    # call per item (the memory store needs no more).
+
+    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+        """:meth:`claim_occurrence` for each ``(task, fire_time)``; one bool each, in order."""
+        return [await self.claim_occurrence(task, fire_time) for task, fire_time in claims]
+
+    async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
+        """:meth:`acquire` for each item (distinct names); one answer each, in order."""
+        return [await self.acquire(*item) for item in items]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
+        """:meth:`release` for each item (distinct names); one answer each, in order."""
+        return [await self.release(*item) for item in items]
+
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
+        """:meth:`record_run` for each record (distinct run ids)."""
+        for record in records:
+            await self.record_run(record, keep=keep)
 
     @abstractmethod
     async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:

@@ -77,7 +77,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import check_pool_max, number
-from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import AcquireItem, Grant, LeaseInfo, ReleaseItem, RenewItem, RunRecord, Store
 
 __all__ = ("EtcdStore",)
 
@@ -85,6 +85,8 @@ IN_FLIGHT_MAX = 64
 """Calls a store sends at once on its channel by default (``in_flight_max``)."""
 _MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 _SEEN_MAX = 10_000  # contended names remembered for a wait that may follow
+_TRIM_SEEN = 4
+"""Oldest run-record keys read per task when trimming after a batch."""
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -158,6 +160,7 @@ class EtcdStore(Store):
     gate: Gate
 
     scheme: ClassVar[str] = "etcd"
+    batch_max: ClassVar[int] = _MAX_TXN_OPS
 
     def __init__(
         self,
@@ -477,35 +480,53 @@ class EtcdStore(Store):
     # -- locks -----------------------------------------------------------------
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        lock_key = self._lock_prefix + name.encode()
-        token_key = self._token_prefix + name.encode()
-        for _attempt in (1, 2):
-            lease = await self._lease_for(ttl)
-            with self._shared.guard:
-                self._shared.owned[token] = (name, lease.id)
-            txn = rpc.TxnRequest(
+        return (await self._acquire_together([AcquireItem(name, token, ttl, holder)]))[0]
+
+    async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
+        groups: dict[float, list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(item.ttl, []).append(i)
+        answers = await asyncio.gather(
+            *(self._acquire_together([items[i] for i in group]) for group in groups.values())
+        )
+        grants: list[Grant | None] = [None] * len(items)
+        for group, answer in zip(groups.values(), answers, strict=True):
+            for i, grant in zip(group, answer, strict=True):
+                grants[i] = grant
+        return grants
+
+    def _acquire_txn(self, item: AcquireItem, lease_id: int) -> Any:
+        lock_key = self._lock_prefix + item.name.encode()
+        token_key = self._token_prefix + item.name.encode()
+        value = json.dumps({"holder": item.holder, "at": time.time()}).encode()
+        return rpc.RequestOp(
+            request_txn=rpc.TxnRequest(
                 compare=[_is(lock_key, "CREATE", create_revision=0)],
                 success=[
                     rpc.RequestOp(
-                        request_put=rpc.PutRequest(
-                            key=lock_key,
-                            value=json.dumps({"holder": holder, "at": time.time()}).encode(),
-                            lease=lease.id,
-                        )
+                        request_put=rpc.PutRequest(key=lock_key, value=value, lease=lease_id)
                     ),
                     rpc.RequestOp(
                         request_put=rpc.PutRequest(
-                            key=token_key, value=_digest(token), lease=lease.id
+                            key=token_key, value=_digest(item.token), lease=lease_id
                         )
                     ),
                 ],
                 # Held: by whom? (Ourselves, when this is a resend of an
                 # acquire that was applied but whose answer was lost.)
-                failure=[
-                    _read(lock_key),
-                    _read(token_key),
-                ],
+                failure=[_read(lock_key), _read(token_key)],
             )
+        )
+
+    async def _acquire_together(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
+        """Acquires of one TTL (distinct names) in one transaction, on one shared lease."""
+        ttl = items[0].ttl
+        for _attempt in (1, 2):
+            lease = await self._lease_for(ttl)
+            with self._shared.guard:
+                for item in items:
+                    self._shared.owned[item.token] = (item.name, lease.id)
+            txn = rpc.TxnRequest(success=[self._acquire_txn(item, lease.id) for item in items])
             sent = time.monotonic()
             # The keep-alive travels beside the transaction: granted, the lease
             # then outlives sent + TTL, as the holder's local deadline assumes.
@@ -514,39 +535,61 @@ class EtcdStore(Store):
             )
             answer, alive = answers
             if isinstance(answer, BaseException):
-                self._disown(token)
+                for item in items:
+                    self._disown(item.token)
                 if isinstance(answer, StoreUnavailable) and "lease not found" in str(answer):
                     self._forget_lease(lease.id)
                     continue
                 raise answer
-            fence = int(answer.header.revision)
-            if not answer.succeeded:
-                held_by = answer.responses[1].response_range.kvs
-                if not held_by or held_by[0].value != _digest(token):
-                    self._disown(token)
-                    if len(self._seen) >= _SEEN_MAX:  # acquires that never waited
-                        self._seen.clear()
-                    self._seen[name] = fence
-                    return None
-                fence = int(answer.responses[0].response_range.kvs[0].create_revision)
+            grants = self._granted(items, answer)
             if isinstance(alive, BaseException) or alive <= 0:
                 if not isinstance(alive, BaseException):
                     self._forget_lease(lease.id)  # expired under us: the keys went with it
-                    self._disown(token)
+                    for item in items:
+                        self._disown(item.token)
                     continue
                 # Granted, but the lease may run out before sent + TTL: give the
-                # grant back rather than hand out a lock that could lapse early.
+                # grants back rather than hand out locks that could lapse early.
                 with contextlib.suppress(StoreUnavailable):
-                    await self.release(name, token)
+                    await self.release_many(
+                        [
+                            ReleaseItem(i.name, i.token)
+                            for i, g in zip(items, grants, strict=True)
+                            if g
+                        ]
+                    )
                 raise alive
             lease.valid_until = max(lease.valid_until, sent + alive)
+            granted = {
+                item.name: item.token for item, grant in zip(items, grants, strict=True) if grant
+            }
             with self._shared.guard:
-                # Any older token of ours for this name is lost: its key was gone.
+                # Any older token of ours for these names is lost: its key was gone.
                 for other, (other_name, _) in list(self._shared.owned.items()):
-                    if other_name == name and other != token:
+                    if granted.get(other_name, other) != other:
                         del self._shared.owned[other]
-            return Grant(fence)
+            return grants
         raise StoreUnavailable(f"etcd at {self.describe()} expired two leases in a row")
+
+    def _granted(self, items: Sequence[AcquireItem], answer: Any) -> list[Grant | None]:
+        """Each acquire's answer from its nested transaction's."""
+        revision = int(answer.header.revision)
+        grants: list[Grant | None] = []
+        for item, response in zip(items, answer.responses, strict=True):
+            inner = response.response_txn
+            if inner.succeeded:
+                grants.append(Grant(revision))
+                continue
+            held_by = inner.responses[1].response_range.kvs
+            if held_by and held_by[0].value == _digest(item.token):
+                grants.append(Grant(int(inner.responses[0].response_range.kvs[0].create_revision)))
+                continue
+            self._disown(item.token)
+            if len(self._seen) >= _SEEN_MAX:  # acquires that never waited
+                self._seen.clear()
+            self._seen[item.name] = revision
+            grants.append(None)
+        return grants
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         with self._shared.guard:
@@ -607,25 +650,28 @@ class EtcdStore(Store):
             )
 
     async def release(self, name: str, token: str) -> bool:
-        lock_key = self._lock_prefix + name.encode()
-        token_key = self._token_prefix + name.encode()
-        try:
-            answer = await self._call(
-                "Txn",
-                "kv",
-                rpc.TxnRequest(
-                    compare=[_is(token_key, "VALUE", value=_digest(token))],
-                    success=[
-                        _delete(lock_key),
-                        _delete(token_key),
-                    ],
-                ),
+        return (await self.release_many([ReleaseItem(name, token)]))[0]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
+        ops = []
+        for name, token in items:
+            token_key = self._token_prefix + name.encode()
+            ops.append(
+                rpc.RequestOp(
+                    request_txn=rpc.TxnRequest(
+                        compare=[_is(token_key, "VALUE", value=_digest(token))],
+                        success=[_delete(self._lock_prefix + name.encode()), _delete(token_key)],
+                    )
+                )
             )
+        try:
+            answer = await self._call("Txn", "kv", rpc.TxnRequest(success=ops))
         finally:
             # Only now: a renewal in flight must not take the keys for an
             # orphan's (and delete them) before this compare-and-delete runs.
-            self._disown(token)
-        return bool(answer.succeeded)
+            for item in items:
+                self._disown(item.token)
+        return [bool(response.response_txn.succeeded) for response in answer.responses]
 
     async def force_release(self, name: str) -> LeaseInfo | None:
         # The token is only a digest here, so the compare is on the grant's
@@ -715,62 +761,119 @@ class EtcdStore(Store):
     # -- the scheduler's records -------------------------------------------------
 
     async def claim_occurrence(self, task: str, fire_time: float) -> bool:
-        key = self._claim_prefix + task.encode()
-        occurrence = _micros(fire_time) + b"/"
-        # The nonce tells this claim from an equal one of another instance when
-        # the call is resent after a lost answer.
-        value = occurrence + os.urandom(8).hex().encode()
-        put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
-        # One transaction: create it if absent, else advance it only forward
-        # (fixed-width digits compare as bytes in time order; "T/nonce" is not
-        # less than "T/", so an equal occurrence is never claimed twice).
-        answer = await self._call(
-            "Txn",
-            "kv",
-            rpc.TxnRequest(
-                compare=[_is(key, "CREATE", create_revision=0)],
-                success=[put],
-                failure=[
-                    rpc.RequestOp(
-                        request_txn=rpc.TxnRequest(
-                            compare=[
-                                rpc.Compare(
-                                    key=key,
-                                    target=rpc.Compare.VALUE,
-                                    result=rpc.Compare.LESS,
-                                    value=occurrence,
+        return (await self.claim_occurrences([(task, fire_time)]))[0]
+
+    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+        values = []
+        ops = []
+        for task, fire_time in claims:
+            key = self._claim_prefix + task.encode()
+            occurrence = _micros(fire_time) + b"/"
+            # The nonce tells this claim from an equal one of another instance
+            # when the call is resent after a lost answer.
+            value = occurrence + os.urandom(8).hex().encode()
+            put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
+            values.append(value)
+            # Create it if absent, else advance it only forward (fixed-width
+            # digits compare as bytes in time order; "T/nonce" is not less
+            # than "T/", so an equal occurrence is never claimed twice).
+            ops.append(
+                rpc.RequestOp(
+                    request_txn=rpc.TxnRequest(
+                        compare=[_is(key, "CREATE", create_revision=0)],
+                        success=[put],
+                        failure=[
+                            rpc.RequestOp(
+                                request_txn=rpc.TxnRequest(
+                                    compare=[
+                                        rpc.Compare(
+                                            key=key,
+                                            target=rpc.Compare.VALUE,
+                                            result=rpc.Compare.LESS,
+                                            value=occurrence,
+                                        )
+                                    ],
+                                    success=[put],
+                                    failure=[_read(key)],
                                 )
-                            ],
-                            success=[put],
-                            failure=[_read(key)],
-                        )
+                            )
+                        ],
                     )
-                ],
-            ),
-        )
-        if answer.succeeded:
-            return True
-        inner = answer.responses[0].response_txn
-        if inner.succeeded:
-            return True
-        current = inner.responses[0].response_range.kvs
-        return bool(current) and current[0].value == value
+                )
+            )
+        answer = await self._call("Txn", "kv", rpc.TxnRequest(success=ops))
+        claimed = []
+        for response, value in zip(answer.responses, values, strict=True):
+            outer = response.response_txn
+            inner = outer.responses[0].response_txn
+            if outer.succeeded or inner.succeeded:
+                claimed.append(True)
+            else:
+                current = inner.responses[0].response_range.kvs
+                claimed.append(bool(current) and current[0].value == value)
+        return claimed
 
     def _run_task_prefix(self, task: str) -> bytes:
         return self._run_prefix + task.encode() + b"\0"
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        key = (
+        await self.record_runs([record], keep=keep)
+
+    def _run_key(self, record: RunRecord) -> bytes:
+        return (
             self._run_task_prefix(record.task)
             + _micros(record.started)
             + b"/"
             + record.run_id.encode()
         )
+
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
         # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
-        payload = json.dumps(dataclasses.astuple(record)).encode()
-        await self._call("Put", "kv", rpc.PutRequest(key=key, value=payload))
-        if record.ended is not None:
-            await self._trim(record.task, keep)
+        puts = [
+            rpc.RequestOp(
+                request_put=rpc.PutRequest(
+                    key=self._run_key(r), value=json.dumps(dataclasses.astuple(r)).encode()
+                )
+            )
+            for r in records
+        ]
+        await self._call("Txn", "kv", rpc.TxnRequest(success=puts))
+        ended = sorted({r.task for r in records if r.ended is not None})
+        if not ended:
+            return
+        # Each ended run adds at most one record to its task, trimmed here
+        # every time: the few oldest keys and the count of each task, in one
+        # transaction, say what to delete.
+        ranges = []
+        for task in ended:
+            start = self._run_task_prefix(task)
+            ranges.append(
+                rpc.RequestOp(
+                    request_range=rpc.RangeRequest(
+                        key=start, range_end=_prefix_end(start), keys_only=True, limit=_TRIM_SEEN
+                    )
+                )
+            )
+        answer = await self._call("Txn", "kv", rpc.TxnRequest(success=ranges))
+        extra: list[bytes] = []
+        for task, response in zip(ended, answer.responses, strict=True):
+            found = response.response_range
+            over = int(found.count) - keep
+            if over > len(found.kvs):  # more than a batch adds (keep was lowered)
+                await self._trim(task, keep)
+            elif over > 0:
+                extra += sorted(kv.key for kv in found.kvs)[:over]
+        await self._delete_keys(extra)
+
+    async def _delete_keys(self, keys: Sequence[bytes]) -> None:
+        for begin in range(0, len(keys), _MAX_TXN_OPS):
+            await self._call(
+                "Txn",
+                "kv",
+                rpc.TxnRequest(
+                    success=[_delete(key) for key in keys[begin : begin + _MAX_TXN_OPS]]
+                ),
+            )
 
     async def _trim(self, task: str, keep: int) -> int:
         start = self._run_task_prefix(task)
@@ -781,14 +884,7 @@ class EtcdStore(Store):
         )
         keys = sorted(kv.key for kv in answer.kvs)
         extra = keys[: max(0, len(keys) - keep)]
-        for begin in range(0, len(extra), _MAX_TXN_OPS):
-            await self._call(
-                "Txn",
-                "kv",
-                rpc.TxnRequest(
-                    success=[_delete(key) for key in extra[begin : begin + _MAX_TXN_OPS]]
-                ),
-            )
+        await self._delete_keys(extra)
         return len(extra)
 
     async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:

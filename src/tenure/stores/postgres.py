@@ -80,7 +80,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -93,9 +93,20 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
-from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import (
+    AcquireItem,
+    Finding,
+    Grant,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    RunRecord,
+    Store,
+)
 
 __all__ = ("PostgresStore", "schema_sql")
+
+T = TypeVar("T")
 
 log = logging.getLogger("tenure.stores.postgres")
 
@@ -233,6 +244,34 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         " TO app_user;\n"
         "-- GRANT USAGE ON SEQUENCE {fence} TO app_user;\n"
     )
+
+
+class _Fetch(Generic[T]):
+    """One statement and its parameters, run on a checked-out cursor."""
+
+    __slots__ = ("params", "query")
+
+    def __init__(self, query: str, params: Any) -> None:
+        self.query = query
+        self.params = params
+
+    async def run(self, cur: psycopg.AsyncCursor[Any]) -> T:
+        await cur.execute(self.query, self.params)
+        # rownumber is None when the statement returned no rows to fetch.
+        rows: Any = await cur.fetchall() if cur.rownumber is not None else []
+        return cast(T, rows)
+
+
+class _FetchEach(_Fetch[list[list[Any]]]):
+    """One statement per parameter set, pipelined; the rows of each."""
+
+    async def run(self, cur: psycopg.AsyncCursor[Any]) -> list[list[Any]]:
+        await cur.executemany(self.query, self.params, returning=True)
+        results: list[list[Any]] = []
+        while True:
+            results.append(await cur.fetchall() if cur.rownumber is not None else [])
+            if not cur.nextset():
+                return results
 
 
 def _sever(conn: psycopg.BaseConnection[Any]) -> None:
@@ -650,9 +689,22 @@ class PostgresStore(Store):
         run at once; the rest queue for a turn (``gate``), so the pool never
         has to refuse one."""
         async with self.gate:
-            return await self._query_in_turn(query, params)
+            return await self._in_turn(_Fetch[list[Any]](query, params))
 
-    async def _query_in_turn(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
+    async def _query_each(
+        self, query: str, params: Sequence[Sequence[Any] | dict[str, Any]]
+    ) -> list[list[Any]]:
+        """Run one statement once per parameter set, sent together on one
+        connection (psycopg's pipeline mode: one round trip for the lot), each
+        in its own transaction; the rows of each, in order. Retried like
+        ``_query``: only when the server had closed the connection, so nothing
+        of it ran."""
+        if not params:
+            return []
+        async with self.gate:
+            return await self._in_turn(_FetchEach(query, params))
+
+    async def _in_turn(self, fetch: _Fetch[T]) -> T:
         if not self._shared.schema_ready:
             await self._ensure_schema()
         for attempt in (1, 2):
@@ -661,9 +713,7 @@ class PostgresStore(Store):
             statement = self._deadline(conn)
             try:
                 with statement:
-                    await cur.execute(query, params)
-                    # rownumber is None when the statement returned no rows to fetch.
-                    return await cur.fetchall() if cur.rownumber is not None else []
+                    return await fetch.run(cur)
             except psycopg.OperationalError as exc:
                 if statement.fired:
                     raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc
@@ -837,6 +887,27 @@ class PostgresStore(Store):
         await self._query(self._sql_record, dataclasses.astuple(record))
         if record.ended is not None:
             await self._query(self._sql_trim, {"task": record.task, "skip": keep - 1})
+
+    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+        return [bool(rows) for rows in await self._query_each(self._sql_claim, claims)]
+
+    async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
+        answers = await self._query_each(
+            self._sql_acquire, [(i.name, i.token, i.holder, i.ttl) for i in items]
+        )
+        return [Grant(rows[0][0]) if rows else None for rows in answers]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
+        channel = self._names.channel
+        answers = await self._query_each(
+            self._sql_release, [(name, token, channel) for name, token in items]
+        )
+        return [bool(rows and rows[0][0]) for rows in answers]
+
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
+        await self._query_each(self._sql_record, [dataclasses.astuple(r) for r in records])
+        ended = sorted({r.task for r in records if r.ended is not None})
+        await self._query_each(self._sql_trim, [{"task": task, "skip": keep - 1} for task in ended])
 
     async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         if task is None:

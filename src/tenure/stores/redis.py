@@ -86,7 +86,17 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
-from .base import Finding, Grant, HandedOver, LeaseInfo, RenewItem, RunRecord, Store
+from .base import (
+    AcquireItem,
+    Finding,
+    Grant,
+    HandedOver,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    RunRecord,
+    Store,
+)
 
 __all__ = ("RedisStore",)
 
@@ -453,6 +463,48 @@ class RedisStore(Store):
                 lane.node.release(conn)
             else:
                 await self._client.connection_pool.release(conn)
+
+    async def _scripts(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[str | int | float]]]
+    ) -> list[Any]:
+        """Many script calls ``(script, keys, args)``, pipelined: one round trip
+        on a single server, one per node on a cluster (redis-py's cluster
+        pipeline sorts them by slot). Each script is atomic on its own."""
+        if not calls:
+            return []
+        try:
+            async with self.gate:
+                before = _cancel_requests()
+                answers = await self._pipelined(range(len(calls)), calls)
+                _raise_swallowed_cancel(before)
+        except _DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise StoreUnavailable(f"Redis at {self.describe()} failed: {answer}") from answer
+        return answers
+
+    async def _pipelined(
+        self,
+        indices: Sequence[int],
+        calls: Sequence[tuple[str, Sequence[str], Sequence[str | int | float]]],
+    ) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for i in indices:
+            name, keys, args = calls[i]
+            pipe.evalsha(_SHAS[name], len(keys), *keys, *args)
+        answers: list[Any] = list(await pipe.execute(raise_on_error=False))
+        unknown = [
+            i
+            for i, answer in zip(indices, answers, strict=True)
+            if isinstance(answer, NoScriptError)
+        ]
+        if unknown:  # the server restarted or flushed its script cache: those did not run
+            for name in sorted({calls[i][0] for i in unknown}):
+                await self._client.script_load(_SOURCES[name])
+            again = iter(await self._pipelined(unknown, calls))
+            answers = [next(again) if isinstance(a, NoScriptError) else a for a in answers]
+        return answers
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -892,14 +944,38 @@ class RedisStore(Store):
         key = f"{{{self.prefix}:claims}}:{task}"
         return bool(await self._script("claim", (key,), (repr(float(fire_time)),)))
 
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        records, index = self._runs_keys(record.task)
+    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+        # Every claim key is in one slot ({prefix:claims}): one call anywhere.
+        answers = await self._scripts(
+            [
+                ("claim", (f"{{{self.prefix}:claims}}:{task}",), (repr(float(fire_time)),))
+                for task, fire_time in claims
+            ]
+        )
+        return [bool(answer) for answer in answers]
+
+    async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
+        answers = await self._scripts([("acquire", *self._acquire_call(*item)) for item in items])
+        return [None if fence is None else Grant(int(fence)) for fence in answers]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
+        answers = await self._scripts([("release", *self._release_call(*item)) for item in items])
+        return [bool(answer) for answer in answers]
+
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
+        await self._scripts([("record", *self._record_call(record, keep)) for record in records])
+        await self._call("sadd", f"{{{self.prefix}:tasks}}", *sorted({r.task for r in records}))
+
+    def _record_call(
+        self, record: RunRecord, keep: int
+    ) -> tuple[tuple[str, str], tuple[str, str, str, int]]:
         # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
         payload = json.dumps(dataclasses.astuple(record))
         trim = keep if record.ended is not None else 0
-        await self._script(
-            "record", (records, index), (record.run_id, payload, repr(record.started), trim)
-        )
+        return self._runs_keys(record.task), (record.run_id, payload, repr(record.started), trim)
+
+    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        await self._script("record", *self._record_call(record, keep))
         await self._call("sadd", f"{{{self.prefix}:tasks}}", record.task)
 
     async def _trim(self, task: str, keep: int) -> int:

@@ -63,6 +63,7 @@ How it stays correct
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -75,13 +76,22 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ConfigurationError, StoreUnavailable
-from .base import Finding, Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import (
+    AcquireItem,
+    Finding,
+    Grant,
+    LeaseInfo,
+    ReleaseItem,
+    RenewItem,
+    RunRecord,
+    Store,
+)
 
 __all__ = ("SQLiteStore",)
 
@@ -527,6 +537,25 @@ class SQLiteStore(Store):
     def _failed(self, exc: sqlite3.Error) -> StoreUnavailable:
         return StoreUnavailable(f"SQLite database {str(self.path)!r} failed: {exc}")
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction around a batch: its items are committed, or
+        rolled back, together (and cost one commit, not one each)."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise self._failed(exc) from exc
+            raise
+
     def _run(self, sql: str, params: Sequence[object]) -> list[Any]:
         try:
             return self._cursor().execute(sql, params).fetchall()
@@ -679,6 +708,9 @@ class SQLiteStore(Store):
         ]
 
     async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+        return self._claim_now(task, fire_time)
+
+    def _claim_now(self, task: str, fire_time: float) -> bool:
         p = self.prefix
         rows = self._run(
             f"INSERT INTO {p}_claims (task, fire_time) VALUES (?1, ?2) "
@@ -688,7 +720,27 @@ class SQLiteStore(Store):
         )
         return bool(rows)
 
+    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+        with self._transaction():
+            return [self._claim_now(task, fire_time) for task, fire_time in claims]
+
+    async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
+        with self._transaction():
+            return [self.acquire_now(*item) for item in items]
+
+    async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
+        with self._transaction():
+            return [self.release_now(*item) for item in items]
+
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
+        with self._transaction():
+            for record in records:
+                self._record_now(record, keep)
+
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
+        self._record_now(record, keep)
+
+    def _record_now(self, record: RunRecord, keep: int) -> None:
         p = self.prefix
         self._run(
             f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
