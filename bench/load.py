@@ -2,12 +2,14 @@
 
     python bench/load.py                      every store: SQLite, Redis, PostgreSQL, etcd
     python bench/load.py --stores redis,postgres
-    python bench/load.py --fsync              PostgreSQL with fsync=on (production's setting)
+    python bench/load.py --fsync              PostgreSQL with fsync=on, etcd without
+                                              --unsafe-no-fsync (production's settings)
     python bench/load.py --smoke              a few iterations of everything (the test suite)
 
 Each store is a throwaway server started here (PostgreSQL with ``fsync=off``
-unless ``--fsync``; etcd as the tests run it). Figures are measured side by
-side in one run and printed as ratios:
+and etcd with ``--unsafe-no-fsync``, as the tests run them, unless
+``--fsync``). Figures are measured side by side in one run and printed as
+ratios:
 
 * **burst**: acquire+release cycles per second with 1, 10, 100 and 500
   callers at once in one process (each on names of its own), and how many
@@ -18,12 +20,21 @@ side in one run and printed as ratios:
 * **herd**: N waiters (``wait=60``) for one name in one process, each holding
   it 1 ms: the time per handoff, against one waiter's handoff measured the
   same way in the same run (the target is at most 2x).
+* **scheduler**: 1,000 every-second tasks on 3 instances (processes,
+  ``bench/scheduler_instance.py``) for 10 s: occurrences missing or run
+  twice, lateness p50/p99 (the task's first line minus its fire time, on the
+  host that ran it), CPU per instance (share of one core) and store calls per
+  instance per tick. Beside it, once per run: APScheduler 3 running the same
+  jobs in one process (not cluster-safe), measured the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import json
+import math
 import statistics
 import sys
 import tempfile
@@ -152,6 +163,54 @@ def postgres_peer(url: str, pool_max: int) -> tuple[Callable[[], Awaitable[Cycle
     return make, pool.close
 
 
+INSTANCE = Path(__file__).resolve().parent / "scheduler_instance.py"
+
+
+async def scheduler_load(
+    url: str, tasks: int, seconds: float, instances: int, apscheduler: bool = False
+) -> str:
+    """Run the instances side by side; one line of figures."""
+    start = time.time() + 3.0 + tasks / 1000  # imports, connections and registration first
+    extra = ["apscheduler"] if apscheduler else []
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(INSTANCE),
+            url,
+            str(tasks),
+            repr(start),
+            repr(seconds),
+            *extra,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(instances)
+    ]
+    results = []
+    for proc in procs:
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"a scheduler instance failed on {url}")
+        results.append(json.loads(out))
+    runs: collections.Counter[tuple[float, int]] = collections.Counter()
+    for result in results:
+        for fire, indices in result["ran"].items():
+            runs.update((float(fire), i) for i in indices)
+    due = range(math.ceil(start) + 1, int(start + seconds) - 1)
+    missing = sum(runs[(float(t), i)] == 0 for t in due for i in range(tasks))
+    doubled = sum(n > 1 for n in runs.values())
+    late = sorted(x for result in results for x in result["late"]) or [math.nan]
+    cpu = max(result["cpu"] / result["wall"] for result in results)
+    line = (
+        f"{len(due) * tasks} occurrences: missing {missing}, doubled {doubled}; "
+        f"lateness p50 {late[len(late) // 2] * 1000:.0f} ms, "
+        f"p99 {late[int(len(late) * 0.99)] * 1000:.0f} ms; CPU {cpu:.3f} core (busiest instance)"
+    )
+    if not apscheduler:
+        calls = max(sum(r["store_calls"].values()) / max(r["ticks"], 1) for r in results)
+        line += f"; {calls:.1f} store calls per tick (busiest instance)"
+    return line
+
+
 def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
     urls: dict[str, str] = {}
     for name in names:
@@ -166,7 +225,7 @@ def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
             stack.callback(postgres.stop)
             urls[name] = postgres.url()
         elif name == "etcd":
-            etcd = EtcdCluster()
+            etcd = EtcdCluster(fsync=fsync)
             stack.callback(etcd.stop)
             urls[name] = etcd.url
         else:
@@ -178,7 +237,10 @@ async def measure(name: str, url: str, smoke: bool, fsync: bool) -> None:
     levels = (1, 10) if smoke else (1, 10, 100, 500)
     total = 40 if smoke else 4000
     herd_size = 10 if smoke else 500
-    setting = {"postgres": f" (fsync={'on' if fsync else 'off'})"}.get(name, "")
+    setting = {
+        "postgres": f" (fsync={'on' if fsync else 'off'})",
+        "etcd": "" if fsync else " (--unsafe-no-fsync)",
+    }.get(name, "")
     print(f"\n## {name}{setting}")
     async with LockService.from_url(url) as locks:
         ours = await tenure_cycle(locks)
@@ -211,11 +273,13 @@ async def measure(name: str, url: str, smoke: bool, fsync: bool) -> None:
             many = await herd(locks, herd_size)
         except StoreUnavailable as exc:  # reported as a result: a herd that fails is a finding
             print(f"herd: {herd_size} waiters FAILED (one waiter {single * 1000:.2f} ms): {exc}")
-            return
-        print(
-            f"herd: {herd_size} waiters {many * 1000:.2f} ms per handoff, one waiter "
-            f"{single * 1000:.2f} ms: {many / single:.1f}x (target 2x)"
-        )
+        else:
+            print(
+                f"herd: {herd_size} waiters {many * 1000:.2f} ms per handoff, one waiter "
+                f"{single * 1000:.2f} ms: {many / single:.1f}x (target 2x)"
+            )
+    tasks, seconds = (20, 4.0) if smoke else (1000, 10.0)
+    print(f"scheduler: {tasks} tasks x 3 instances: {await scheduler_load(url, tasks, seconds, 3)}")
 
 
 def main() -> None:
@@ -224,6 +288,10 @@ def main() -> None:
     parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
     parser.add_argument("--smoke", action="store_true", help="a few iterations of everything")
     args = parser.parse_args()
+    tasks, seconds = (20, 4.0) if args.smoke else (1000, 10.0)
+    print("\n## APScheduler 3 (one process, not cluster-safe)")
+    aps = asyncio.run(scheduler_load("", tasks, seconds, 1, apscheduler=True))
+    print(f"scheduler: {tasks} tasks x 1 instance: {aps}")
     with ExitStack() as stack:
         urls = servers(args.stores.split(","), args.fsync, stack)
         for name, url in urls.items():

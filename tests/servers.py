@@ -448,8 +448,12 @@ class EtcdCluster:
     one second; clients may send keepalive pings every 500 ms.
     """
 
-    def __init__(self, *extra: str, members: int = 3, tls: Path | None = None) -> None:
-        """``tls``: a directory with cert.pem and key.pem; clients then speak only TLS."""
+    def __init__(
+        self, *extra: str, members: int = 3, tls: Path | None = None, fsync: bool = False
+    ) -> None:
+        """``tls``: a directory with cert.pem and key.pem; clients then speak only TLS.
+        ``fsync``: without ``--unsafe-no-fsync`` (production's setting, for benchmarks)."""
+        self.fsync = fsync
         binary = shutil.which("etcd")
         if binary is None:
             raise RuntimeError("etcd is not installed: apt-get install -y etcd-server")
@@ -498,7 +502,9 @@ class EtcdCluster:
                 *("--initial-cluster", cluster, "--initial-cluster-token", self.dir.name),
                 *("--initial-cluster-state", "existing" if self.started_once else "new"),
                 *("--heartbeat-interval", "25", "--election-timeout", "250"),
-                *("--grpc-keepalive-min-time", "500ms", "--unsafe-no-fsync"),
+                "--grpc-keepalive-min-time",
+                "500ms",
+                *(() if self.fsync else ("--unsafe-no-fsync",)),
                 *("--logger", "zap", "--log-level", "warn"),
                 *certs,
                 *self.extra,

@@ -6,11 +6,19 @@ The public names live here; everything else is an implementation detail.
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, log_events
 from .locks import Lock, LockService, Outcome, current_lock
-from .schedule import RunOutcome, ScheduledTask, ScheduledTaskStore, Scheduler
+from .schedule import (
+    CurrentRun,
+    RunOutcome,
+    ScheduledTask,
+    ScheduledTaskStore,
+    Scheduler,
+    current_run,
+)
 from .stores.base import RunRecord
 
 __all__ = (
     "ConfigurationError",
+    "CurrentRun",
     "Event",
     "InvalidArgument",
     "Lock",
@@ -25,6 +33,7 @@ __all__ = (
     "StoreUnavailable",
     "TenureError",
     "current_lock",
+    "current_run",
     "log_events",
 )
 

@@ -16,7 +16,7 @@ def test_the_load_benchmark_runs_on_every_store() -> None:
         check=False,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
@@ -25,3 +25,5 @@ def test_the_load_benchmark_runs_on_every_store() -> None:
     failures = [int(n) for n in re.findall(r"\((\d+)\)", done.stdout)]
     assert failures and not any(failures), done.stdout
     assert done.stdout.count("herd: 10 waiters") == 4
+    # The scheduler section: APScheduler and each store, nothing missing or doubled.
+    assert done.stdout.count("missing 0, doubled 0") == 5, done.stdout

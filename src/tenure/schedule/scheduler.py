@@ -223,7 +223,12 @@ class Scheduler:
                     await asyncio.wait_for(self._wake.wait(), min(fire - now, MAX_SLEEP))
                 continue
             task = self.tasks[name]
-            latest = task.schedule.latest_at_or_before(now)
+            # One fire time computed per task and tick: the heap's entry is an
+            # occurrence, the latest due unless the loop was held up past the next.
+            latest, following = fire, task.schedule.next_after(fire)
+            if following <= now:
+                latest = task.schedule.latest_at_or_before(now)
+                following = task.schedule.next_after(latest)
             if now - latest <= self.misfire_grace:
                 self._spawn(name, latest)
             else:
@@ -233,7 +238,7 @@ class Scheduler:
                     latest,
                     now - latest,
                 )
-            heapq.heapreplace(heap, (task.schedule.next_after(latest), name))
+            heapq.heapreplace(heap, (following, name))
 
     def _spawn(self, name: str, occurrence: float) -> None:
         run = asyncio.ensure_future(self._fire(name, occurrence))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import enum
 import logging
 import secrets
@@ -43,7 +44,7 @@ from ..stores.base import RunRecord
 from ._batch import Coalesced
 from .cron import CronSchedule
 
-__all__ = ("RunOutcome", "ScheduledTask", "ScheduledTaskStore")
+__all__ = ("CurrentRun", "RunOutcome", "ScheduledTask", "ScheduledTaskStore", "current_run")
 
 log = logging.getLogger("tenure.scheduler")
 
@@ -68,6 +69,38 @@ _RETRY_MOST = 1.0
 """Pauses between tries of a store call that failed (doubling from the first)."""
 _RECORD_MISSED_FOR = 30.0
 """Seconds a missed occurrence's record is tried for while the store fails."""
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentRun:
+    """The run of a scheduled task that is executing this code (``current_run()``)."""
+
+    task: str
+    fire_time: float | None
+    """The occurrence (POSIX seconds); None for a manual run. Within the
+    cluster it names the occurrence: a good idempotency key for what the
+    task writes."""
+    run_id: str
+    """The id of this run's record (``RunRecord.run_id``)."""
+    lock: Lock | None
+    """The task's lock, held for this run; None for a task with ``exclusive=False``."""
+
+
+_current_run: contextvars.ContextVar[CurrentRun | None] = contextvars.ContextVar(
+    "tenure_current_run", default=None
+)
+
+
+def current_run() -> CurrentRun:
+    """The scheduled run executing this code: its task, occurrence, run id and lock.
+
+    Works in the task function, in tasks it starts, and in the worker thread
+    of a plain function. Raises TenureError anywhere else.
+    """
+    run = _current_run.get()
+    if run is None:
+        raise TenureError("current_run() was called outside a scheduled task's run")
+    return run
 
 
 @dataclass(frozen=True)
@@ -310,9 +343,13 @@ class ScheduledTaskStore:
         error: str | None = "interrupted"
         try:
             if task.exclusive:
-                outcome = await self._run_exclusively(task, occurrence)
+                outcome = await self._run_exclusively(task, occurrence, record.run_id)
             else:
-                await _call(task.fn)
+                reset = _current_run.set(CurrentRun(name, occurrence, record.run_id, None))
+                try:
+                    await _call(task.fn)
+                finally:
+                    _current_run.reset(reset)
                 outcome = Outcome.RAN
         except _Missed as exc:  # its start record is closed as missed below
             result, error = RunOutcome.MISSED, exc.reason
@@ -353,7 +390,9 @@ class ScheduledTaskStore:
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
 
-    async def _run_exclusively(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
+    async def _run_exclusively(
+        self, task: ScheduledTask, occurrence: float | None, run_id: str
+    ) -> Outcome:
         """``run_exclusively`` in batches: the acquire is retried like the claim
         (a failure before the task started is the store's, never the task's
         own), and the acquire and the release join those of the same tick."""
@@ -362,9 +401,11 @@ class ScheduledTaskStore:
         )
         if lock is None:
             return Outcome.SKIPPED
+        reset = _current_run.set(CurrentRun(task.name, occurrence, run_id, lock))
         try:
             await self.locks.run_under(lock, task.fn)
         finally:
+            _current_run.reset(reset)
             await asyncio.shield(self._release(lock))
         return Outcome.RAN
 

@@ -160,7 +160,10 @@ class EtcdStore(Store):
     gate: Gate
 
     scheme: ClassVar[str] = "etcd"
-    batch_max: ClassVar[int] = _MAX_TXN_OPS
+    # A nested transaction's operations count against what its parent leaves
+    # of --max-txn-ops (128 by default): 126 items, each a transaction of at
+    # most two operations a level, fill one.
+    batch_max: ClassVar[int] = _MAX_TXN_OPS - 2
 
     def __init__(
         self,
