@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _validate
-from ._aio import is_async
+from ._aio import is_async, settle
 from ._aio import shielded as _shielded
 from ._tokens import new_token
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
@@ -591,21 +591,22 @@ class LockService:
     async def _run_async(
         self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
+        loop = asyncio.get_running_loop()
         work = asyncio.ensure_future(fn(*args, **kwargs))
-        lost = asyncio.ensure_future(lock.wait_lost())
+        lost: asyncio.Future[None] = loop.create_future()
+        watch = _LossWatch(lock, loop, lost)
         try:
             await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
+            watch.stop()
             work.cancel()
-            lost.cancel()
-            await asyncio.gather(work, lost, return_exceptions=True)
+            await asyncio.gather(work, return_exceptions=True)
             raise
+        watch.stop()
         if not work.done():
             work.cancel()
             await asyncio.gather(work, return_exceptions=True)
             raise lock.loss_error()
-        lost.cancel()
-        await asyncio.gather(lost, return_exceptions=True)
         work.result()
         if lock.lost:
             raise lock.loss_error()
@@ -624,6 +625,37 @@ class LockService:
             raise
         if lock.lost:
             raise lock.loss_error()
+
+
+class _LossWatch:
+    """Settles ``lost`` when ``lock`` is lost: told by the renewer, or found at
+    its local deadline (a timer, moved on while renewals extend it). A future
+    and a timer, not a task: a scheduler's tick runs a thousand of these."""
+
+    __slots__ = ("lock", "loop", "timer", "waiter")
+
+    def __init__(self, lock: Lock, loop: asyncio.AbstractEventLoop, lost: asyncio.Future[None]):
+        self.lock = lock
+        self.loop = loop
+        self.waiter = (loop, lost)
+        self.timer: asyncio.TimerHandle | None = None
+        remaining = lock.add_waiter(self.waiter)
+        if remaining is None:
+            settle(lost)
+        else:
+            self.timer = loop.call_later(max(remaining, 0.0), self._check)
+
+    def _check(self) -> None:
+        if self.lock.alive():
+            remaining = self.lock.deadline - time.monotonic()
+            self.timer = self.loop.call_later(max(remaining, 0.0), self._check)
+        else:
+            settle(self.waiter[1])
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.lock.remove_waiter(self.waiter)
 
 
 _live: weakref.WeakSet[LockService] = weakref.WeakSet()

@@ -47,6 +47,12 @@ class Coalesced(Generic[T, R]):
         self.calls = 0
 
     async def __call__(self, item: T) -> R:
+        return await self.soon(item)
+
+    def soon(self, item: T) -> asyncio.Future[R]:
+        """Queue ``item`` now; the future of its answer. Sent even if nobody
+        awaits it: ``await asyncio.shield(coalesced.soon(item))`` is a write
+        that a cancellation cannot stop, without a task of its own."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, future))
@@ -55,7 +61,7 @@ class Coalesced(Generic[T, R]):
             # of this tick add their items first.
             self._flushing = True
             loop.call_soon(self._flush)
-        return await future
+        return future
 
     def _flush(self) -> None:
         self._flushing = False

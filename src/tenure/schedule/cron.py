@@ -19,6 +19,11 @@ from ..errors import InvalidArgument
 
 __all__ = ("CronSchedule",)
 
+_NEXT: dict[tuple[str, str, float], float] = {}
+"""Fire times computed lately, by (expression, zone, after): plain dict reads
+and writes, which the GIL keeps whole across threads."""
+_NEXT_MAX = 4096
+
 
 class CronSchedule:
     """A validated cron expression in a time zone."""
@@ -61,6 +66,18 @@ class CronSchedule:
 
     def next_after(self, t: float) -> float:
         """The first fire time strictly after ``t`` (POSIX seconds)."""
+        # Tasks that share an expression and zone (a cron table's many
+        # "0 * * * *") share the answer: computed once per tick, not per task.
+        key = (self.expr, self.tz.key, t)
+        found = _NEXT.get(key)
+        if found is None:
+            found = self._next_after(t)
+            if len(_NEXT) >= _NEXT_MAX:
+                _NEXT.clear()
+            _NEXT[key] = found
+        return found
+
+    def _next_after(self, t: float) -> float:
         start = datetime.fromtimestamp(t, self.tz)
         try:
             with self._guard:

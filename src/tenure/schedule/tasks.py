@@ -195,7 +195,7 @@ class ScheduledTaskStore:
 
     async def _release(self, lock: Lock) -> None:
         try:
-            await self._releases(lock)
+            await asyncio.shield(self._releases.soon(lock))
         except TenureError as exc:
             log.warning(
                 "releasing lock %r failed; it lapses by itself within %.1f s: %s",
@@ -386,7 +386,7 @@ class ScheduledTaskStore:
                 error=error,
             )
             try:
-                await asyncio.shield(self._records(finished))
+                await asyncio.shield(self._records.soon(finished))
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
 
@@ -406,7 +406,7 @@ class ScheduledTaskStore:
             await self.locks.run_under(lock, task.fn)
         finally:
             _current_run.reset(reset)
-            await asyncio.shield(self._release(lock))
+            await self._release(lock)
         return Outcome.RAN
 
     async def _held_by(self, name: str) -> str:

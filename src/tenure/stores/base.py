@@ -122,6 +122,20 @@ class RunRecord:
     ``failed`` (the task raised) or ``lost`` (its lock was lost under it)."""
     error: str | None = None
 
+    def row(self) -> tuple[str, str, float | None, str, float, float | None, str, str | None]:
+        """The fields in order, as the stores write them and ``RunRecord(*row)``
+        reads them back (``dataclasses.astuple`` costs twenty times as much)."""
+        return (
+            self.run_id,
+            self.task,
+            self.fire_time,
+            self.instance,
+            self.started,
+            self.ended,
+            self.outcome,
+            self.error,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -834,9 +833,7 @@ class EtcdStore(Store):
         # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
         puts = [
             rpc.RequestOp(
-                request_put=rpc.PutRequest(
-                    key=self._run_key(r), value=json.dumps(dataclasses.astuple(r)).encode()
-                )
+                request_put=rpc.PutRequest(key=self._run_key(r), value=json.dumps(r.row()).encode())
             )
             for r in records
         ]

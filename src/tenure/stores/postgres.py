@@ -884,7 +884,7 @@ class PostgresStore(Store):
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
         # The columns are RunRecord's fields, in order; runs() reads them back the same way.
-        await self._query(self._sql_record, dataclasses.astuple(record))
+        await self._query(self._sql_record, record.row())
         if record.ended is not None:
             await self._query(self._sql_trim, {"task": record.task, "skip": keep - 1})
 
@@ -905,7 +905,7 @@ class PostgresStore(Store):
         return [bool(rows and rows[0][0]) for rows in answers]
 
     async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
-        await self._query_each(self._sql_record, [dataclasses.astuple(r) for r in records])
+        await self._query_each(self._sql_record, [r.row() for r in records])
         ended = sorted({r.task for r in records if r.ended is not None})
         await self._query_each(self._sql_trim, [{"task": task, "skip": keep - 1} for task in ended])
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -970,7 +969,7 @@ class RedisStore(Store):
         self, record: RunRecord, keep: int
     ) -> tuple[tuple[str, str], tuple[str, str, str, int]]:
         # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
-        payload = json.dumps(dataclasses.astuple(record))
+        payload = json.dumps(record.row())
         trim = keep if record.ended is not None else 0
         return self._runs_keys(record.task), (record.run_id, payload, repr(record.started), trim)
 

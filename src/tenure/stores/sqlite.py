@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -746,7 +745,7 @@ class SQLiteStore(Store):
             f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
             " ended, outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             # The columns are RunRecord's fields, in order; runs() reads them back the same way.
-            dataclasses.astuple(record),
+            record.row(),
         )
         if record.ended is not None:
             self._run(

@@ -1,0 +1,169 @@
+"""Batches on every store: acquire_each, release_each, and the store's batch methods.
+
+Each item of a batch is decided on its own, exactly as the single call would
+decide it; a batch longer than the store's ``batch_max`` is split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tenure import InvalidArgument, LockService, RunRecord, StoreUnavailable, current_lock
+
+from ..conftest import StoreKind
+
+
+async def test_acquire_each_grants_the_free_names_and_not_the_held_ones(
+    locks: LockService, other: LockService
+) -> None:
+    held = await other.acquire("b", ttl=5)
+    assert held is not None
+    earlier = await locks.acquire("a", ttl=5)
+    assert earlier is not None and await earlier.release()
+    got = await locks.acquire_each(["a", "b", "c"], ttl=5)
+    a, b, c = got
+    assert b is None
+    assert a is not None and c is not None
+    assert (a.name, c.name) == ("a", "c")
+    assert a.held and c.held
+    assert a.fencing_token > earlier.fencing_token
+    # Held for real: the other service cannot take them.
+    assert await other.acquire("a") is None
+    assert await other.acquire("c") is None
+    assert await locks.release_each([a, c]) == [True, True]
+    assert not a.held and not c.held
+    # Released twice: False, and nothing is sent for it.
+    assert await locks.release_each([a]) == [False]
+    again = await other.acquire_each(["a", "c"], ttl=5)
+    assert all(lock is not None for lock in again)
+    assert await other.release_each([lock for lock in again if lock is not None]) == [True, True]
+    assert await held.release()
+
+
+async def test_a_batch_longer_than_the_stores_is_split(locks: LockService) -> None:
+    names = [f"n{i}" for i in range(locks.store.batch_max + 5)]
+    got = await locks.acquire_each(names, ttl=5)
+    assert [lock.name if lock else None for lock in got] == names
+    tokens = [lock.fencing_token for lock in got if lock is not None]
+    assert len(tokens) == len(names)
+    assert await locks.release_each([lock for lock in got if lock is not None]) == [True] * len(
+        names
+    )
+
+
+async def test_locks_of_a_batch_are_renewed_past_their_ttl(
+    locks: LockService, other: LockService
+) -> None:
+    got = await locks.acquire_each(["r1", "r2"], ttl=1)
+    await asyncio.sleep(2.5)
+    assert all(lock is not None and lock.held for lock in got)
+    assert await other.acquire("r1") is None
+    assert await locks.release_each([lock for lock in got if lock is not None]) == [True, True]
+
+
+async def test_run_under_runs_with_the_lock_as_current_lock(locks: LockService) -> None:
+    (lock,) = await locks.acquire_each(["job"], ttl=5)
+    assert lock is not None
+    seen: list[object] = []
+
+    async def job() -> None:
+        seen.append(current_lock())
+
+    def plain() -> None:
+        seen.append(current_lock())
+
+    await locks.run_under(lock, job)
+    await locks.run_under(lock, plain)
+    assert seen == [lock, lock]
+    assert lock.held, "run_under does not release"
+    assert await lock.release()
+
+
+@pytest.mark.parametrize(
+    ("names", "complaint"),
+    [
+        ("abc", "takes a list of names"),
+        (["a", "a"], "'a' is given twice"),
+        (["a", ""], "name"),
+        (["a", 3], "name"),
+    ],
+)
+async def test_acquire_each_refuses_bad_input_and_acquires_nothing(
+    locks: LockService, other: LockService, names: object, complaint: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=complaint):
+        await locks.acquire_each(names)  # type: ignore[arg-type]
+    assert await other.acquire("a") is not None, "nothing of the bad batch was acquired"
+
+
+async def test_release_each_and_run_under_refuse_foreign_locks(
+    locks: LockService, other: LockService
+) -> None:
+    theirs = await other.acquire("x", ttl=5)
+    assert theirs is not None
+    with pytest.raises(InvalidArgument, match="locks of this service"):
+        await locks.release_each([theirs])
+    with pytest.raises(InvalidArgument, match="lock of this service"):
+        await locks.run_under(theirs, lambda: None)
+    assert theirs.held
+    assert await theirs.release()
+
+
+async def test_claim_occurrences_decides_each_claim_as_claim_occurrence(
+    locks: LockService,
+) -> None:
+    store = locks.store
+    assert await store.claim_occurrences([("a", 10.0), ("b", 10.0)]) == [True, True]
+    # a: equal, then older: taken; b: later: claimed; c: new.
+    assert await store.claim_occurrences([("a", 10.0), ("b", 11.0), ("c", 1.0)]) == [
+        False,
+        True,
+        True,
+    ]
+    assert await store.claim_occurrences([("a", 9.0)]) == [False]
+    assert await store.claim_occurrence("b", 11.0) is False
+    assert await store.claim_occurrences([]) == []
+
+
+async def test_record_runs_keeps_the_newest_of_each_task(locks: LockService) -> None:
+    store = locks.store
+    now = time.time()
+    for round_ in range(4):
+        started = [
+            RunRecord(f"{task}-{round_}", task, now + round_, "me", now + round_, None, "running")
+            for task in ("p", "q")
+        ]
+        await store.record_runs(started, keep=2)
+        ended = [
+            RunRecord(r.run_id, r.task, r.fire_time, "me", r.started, r.started + 0.5, "ran")
+            for r in started
+        ]
+        await store.record_runs(ended, keep=2)
+    for task in ("p", "q"):
+        runs = await store.runs(task)
+        assert [r.run_id for r in runs] == [f"{task}-3", f"{task}-2"]
+        assert {r.outcome for r in runs} == {"ran"}
+
+
+async def test_a_batch_the_store_fails_raises_and_keeps_nothing(
+    shared_kind: StoreKind, shared_url: str
+) -> None:
+    async with (
+        LockService.from_url(shared_url) as locks,
+        LockService.from_url(shared_url) as other,
+    ):
+        await locks.store.runs()  # connected (and tables made) before the outage
+        with shared_kind.outage(locks.store), pytest.raises(StoreUnavailable):
+            await locks.acquire_each(["f1", "f2"], ttl=2)
+        # Whatever the store applied is given back (or lapses within the TTL).
+        deadline = time.monotonic() + 10
+        while True:
+            got = await other.acquire_each(["f1", "f2"], ttl=5)
+            if all(lock is not None for lock in got) or time.monotonic() > deadline:
+                break
+            await other.release_each([lock for lock in got if lock is not None])
+            await asyncio.sleep(0.2)
+        assert all(lock is not None for lock in got)
