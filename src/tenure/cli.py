@@ -448,14 +448,17 @@ async def _web(url: str | None, host: str, port: int, app: str | None) -> None:
 
 
 def _schema(url: str) -> None:
+    # Refused before any store is opened: opening a SQLite URL would create its file.
+    scheme = url.partition(":")[0].lower() if isinstance(url, str) else ""
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            f"tenure schema prints SQL for PostgreSQL URLs only, not a {scheme or 'bad'} URL: "
+            "the other stores create what they need themselves"
+        )
     store = store_from_url(url)  # checks the URL; connects to nothing
     from .stores.postgres import PostgresStore
 
-    if not isinstance(store, PostgresStore):
-        raise ConfigurationError(
-            f"tenure schema prints SQL for PostgreSQL URLs only, not {store.describe()!r}: "
-            "the other stores create what they need themselves"
-        )
+    assert isinstance(store, PostgresStore)
     print(store.schema_sql(), end="")
 
 

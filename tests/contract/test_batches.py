@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tenure import InvalidArgument, LockService, RunRecord, StoreUnavailable, current_lock
+from tenure.stores.base import Claim
 
 from ..conftest import StoreKind
 
@@ -116,16 +117,32 @@ async def test_claim_occurrences_decides_each_claim_as_claim_occurrence(
     locks: LockService,
 ) -> None:
     store = locks.store
-    assert await store.claim_occurrences([("a", 10.0), ("b", 10.0)]) == [True, True]
-    # a: equal, then older: taken; b: later: claimed; c: new.
-    assert await store.claim_occurrences([("a", 10.0), ("b", 11.0), ("c", 1.0)]) == [
-        False,
+    me, you = "host:1:me", "host:2:you"
+    assert await store.claim_occurrences([Claim("a", 10.0, me), Claim("b", 10.0, me)]) == [
         True,
         True,
     ]
-    assert await store.claim_occurrences([("a", 9.0)]) == [False]
-    assert await store.claim_occurrence("b", 11.0) is False
+    # a: the same occurrence by another: taken; b: later: claimed; c: new.
+    assert await store.claim_occurrences(
+        [Claim("a", 10.0, you), Claim("b", 11.0, you), Claim("c", 1.0, you)]
+    ) == [False, True, True]
+    assert await store.claim_occurrences([Claim("a", 9.0, me)]) == [False]
+    assert await store.claim_occurrence("b", 11.0, me) is False
     assert await store.claim_occurrences([]) == []
+
+
+async def test_a_claim_resent_by_its_claimant_is_still_its_own(locks: LockService) -> None:
+    """The answer to a claim was lost and the claimant sends it again: yours,
+    not "claimed elsewhere" (which would lose the occurrence)."""
+    store = locks.store
+    assert await store.claim_occurrence("job", 60.0, "host:1:me") is True
+    assert await store.claim_occurrence("job", 60.0, "host:1:me") is True
+    assert await store.claim_occurrences([Claim("job", 60.0, "host:1:me")]) == [True]
+    assert await store.claim_occurrence("job", 60.0, "host:2:you") is False
+    # Once a later occurrence is claimed, the earlier one is nobody's to resend.
+    assert await store.claim_occurrence("job", 120.0, "host:2:you") is True
+    assert await store.claim_occurrence("job", 60.0, "host:1:me") is False
+    assert await store.claim_occurrence("job", 120.0, "host:1:me") is False
 
 
 async def test_record_runs_keeps_the_newest_of_each_task(locks: LockService) -> None:

@@ -10,13 +10,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.stores.base import RenewItem
-from tenure.stores.postgres import PostgresStore, _BlockingPostgresStore
+from tenure.stores.postgres import SCHEMA_VERSION, PostgresStore, _BlockingPostgresStore
 
 from ..conftest import postgres_server
 from ..helpers.procs import ROOT
@@ -47,7 +48,7 @@ async def test_instances_starting_together_create_the_schema_once() -> None:
         version = postgres_server().psql(
             f"SELECT value FROM {prefix}_meta WHERE key = 'schema_version'"
         )
-        assert version.strip() == "1"
+        assert version.strip() == str(SCHEMA_VERSION)
     finally:
         for service in services:
             await service.close()
@@ -90,10 +91,11 @@ async def test_tables_made_by_hand_serve_a_user_who_cannot_create_them() -> None
         await locks.close()
 
 
-def test_tenure_schema_refuses_other_stores() -> None:
-    out = _tenure_schema("sqlite:///tmp/x.db")
+def test_tenure_schema_refuses_other_stores(tmp_path: Path) -> None:
+    out = _tenure_schema(f"sqlite://{tmp_path}/x.db")
     assert out.returncode == 2
     assert "PostgreSQL URLs only" in out.stderr
+    assert not (tmp_path / "x.db").exists(), "nothing was created"
 
 
 async def test_tables_of_another_schema_version_are_refused() -> None:
@@ -105,6 +107,18 @@ async def test_tables_of_another_schema_version_are_refused() -> None:
     )
     async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
         with pytest.raises(ConfigurationError, match="schema version '99'"):
+            await locks.acquire("job", ttl=5)
+
+
+async def test_tables_of_an_older_shape_are_named_as_such() -> None:
+    server = postgres_server()
+    prefix = _prefix()
+    server.psql(
+        f"CREATE TABLE {prefix}_meta (key text PRIMARY KEY, value text NOT NULL);"
+        f"INSERT INTO {prefix}_meta VALUES ('schema_version', '1')"
+    )
+    async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
+        with pytest.raises(ConfigurationError, match=r"older shape \(schema version 1"):
             await locks.acquire("job", ttl=5)
 
 

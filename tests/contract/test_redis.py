@@ -337,3 +337,16 @@ async def test_the_cluster_lanes_follow_a_slot_that_moved() -> None:
             assert later.release() is True
     finally:
         cluster.stop()
+
+
+async def test_a_claim_of_an_older_shape_is_named_as_such(server: RedisServer) -> None:
+    prefix = "older"
+    client = Redis.from_url(server.url)
+    await client.set(f"{{{prefix}:claims}}:job", "60.0")  # before claims named their claimant
+    await client.aclose()
+    store = RedisStore.from_url(f"{server.url}?prefix={prefix}")
+    try:
+        with pytest.raises(StoreUnavailable, match="older shape"):
+            await store.claim_occurrence("job", 120.0, "host:1:me")
+    finally:
+        await store.aclose()

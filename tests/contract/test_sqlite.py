@@ -111,6 +111,19 @@ def test_foreign_application_database(tmp_path: Path) -> None:
     assert tables == ["t"]
 
 
+def test_tables_of_an_older_shape_are_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE tenure_meta (key TEXT PRIMARY KEY, value ANY) STRICT")
+    conn.execute("INSERT INTO tenure_meta VALUES ('schema_version', 1)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(
+        ConfigurationError, match=r"older shape \(schema version 1; this tenure uses"
+    ):
+        LockService.from_url(f"sqlite://{path}")
+
+
 def test_tables_with_our_prefix_that_we_did_not_make(tmp_path: Path) -> None:
     path = tmp_path / "clash.db"
     conn = sqlite3.connect(path)

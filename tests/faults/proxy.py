@@ -2,8 +2,10 @@
 
 Modes: ``pass`` forwards; ``delay`` forwards each chunk after ``delay`` seconds;
 ``blackhole`` reads and drops everything, answering nothing (a partition);
-``reset`` closes every connection with a TCP reset and resets new ones.
-``dropped`` counts the bytes a blackhole swallowed, so a test can show it bit.
+``reset`` closes every connection with a TCP reset and resets new ones;
+``mute`` forwards what clients send and drops what the server answers (a
+request that ran, whose answer was lost). ``dropped`` counts the bytes a
+blackhole or mute swallowed, so a test can show it bit.
 The proxy runs its own event loop on a thread of the test process.
 """
 
@@ -38,7 +40,7 @@ class Proxy:
         self._loop.run_forever()
 
     def set_mode(self, mode: str, delay: float = 0.0) -> None:
-        assert mode in ("pass", "delay", "blackhole", "reset"), mode
+        assert mode in ("pass", "delay", "blackhole", "reset", "mute"), mode
 
         def switch() -> None:
             self.mode, self.delay = mode, delay
@@ -60,18 +62,22 @@ class Proxy:
         self._writers |= {writer, up_writer}
         try:
             await asyncio.gather(
-                self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+                self._pump(reader, up_writer),
+                self._pump(up_reader, writer, answers=True),
+                return_exceptions=True,
             )
         finally:
             self._writers -= {writer, up_writer}
             for end in (writer, up_writer):
                 end.transport.abort()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answers: bool = False
+    ) -> None:
         loop = asyncio.get_running_loop()
         due = 0.0  # when the last delayed chunk goes out: later chunks keep their order
         while chunk := await reader.read(65536):
-            if self.mode == "blackhole":
+            if self.mode == "blackhole" or (self.mode == "mute" and answers):
                 self.dropped += len(chunk)
                 continue
             if self.mode == "reset":

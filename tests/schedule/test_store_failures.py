@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 import pytest
 
 from tenure import LockService, RunOutcome, Scheduler
 
-from ..conftest import StoreKind
+from ..conftest import StoreKind, postgres_server, redis_server
+from ..faults.proxy import Proxy
 
 
 async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
@@ -64,3 +66,49 @@ async def test_a_manual_run_is_not_retried(shared_kind: StoreKind, shared_url: s
         with shared_kind.outage(locks.store), pytest.raises(StoreUnavailable):
             await scheduler.tasks.run("by-hand")
         assert scheduler.tasks.counts[RunOutcome.MISSED] == 0
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
+    store: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store commits the claim, its answer never arrives, the claim is sent
+    again: the occurrence is this instance's and runs (it is not lost as
+    "claimed elsewhere")."""
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    if store == "redis":
+        direct = f"{redis_server().url}?prefix={prefix}&socket_timeout=0.5"
+    else:
+        direct = f"{postgres_server().url()}?prefix={prefix}&timeout=0.5"
+    port = int(direct.split("://", 1)[1].split("/")[0].rsplit(":", 1)[1])
+    proxy = Proxy(port)
+    try:
+        through = direct.replace(f":{port}/", f":{proxy.port}/")
+        async with LockService.from_url(through) as locks:
+            scheduler = Scheduler(locks, prune=None)
+            ran: list[float] = []
+
+            @scheduler.cron("* * * * *", name="job")
+            async def job() -> None:
+                ran.append(time.time())
+
+            await locks.store.runs("job")  # connected (and tables made) first
+            occurrence = float(int(time.time()))
+            caplog.set_level(logging.DEBUG, logger="tenure")
+            proxy.set_mode("mute")
+            running = asyncio.ensure_future(scheduler.tasks.run("job", occurrence=occurrence))
+            for _ in range(500):
+                if proxy.dropped:
+                    break
+                await asyncio.sleep(0.01)
+            proxy.set_mode("pass")
+            outcome = await asyncio.wait_for(running, 30)
+            assert proxy.dropped > 0, "an answer of the store was lost"
+            tried_again = [r for r in caplog.records if "claiming it failed" in r.getMessage()]
+            assert tried_again, "the claim was sent again after its answer was lost"
+            assert outcome == "ran" and len(ran) == 1
+            assert scheduler.tasks.counts["claimed_elsewhere"] == 0
+            records = await locks.store.runs("job")
+            assert [(r.fire_time, r.outcome) for r in records] == [(occurrence, "ran")]
+    finally:
+        proxy.close()

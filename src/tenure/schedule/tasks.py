@@ -40,7 +40,7 @@ from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from ..events import Event
 from ..locks import Lock, LockService, Outcome
-from ..stores.base import RunRecord
+from ..stores.base import Claim, RunRecord
 from ._batch import Coalesced
 from .cron import CronSchedule
 
@@ -139,7 +139,10 @@ class ScheduledTaskStore:
         """Runs by outcome (``missed`` among them), plus ``claimed_elsewhere`` for
         occurrences another instance took."""
         size = locks.store.batch_max
-        self._claims: Coalesced[tuple[str, float], bool] = Coalesced(
+        self.claimant = f"{locks.holder}/{secrets.token_hex(4)}"
+        """Who this registry's claims are by: its instance, and itself (two
+        schedulers on one service are two claimants)."""
+        self._claims: Coalesced[Claim, bool] = Coalesced(
             self._claim_batch, size, key=lambda claim: claim[0]
         )
         self._records: Coalesced[RunRecord, None] = Coalesced(
@@ -162,7 +165,7 @@ class ScheduledTaskStore:
             release=self._releases.calls,
         )
 
-    async def _claim_batch(self, claims: list[tuple[str, float]]) -> list[bool]:
+    async def _claim_batch(self, claims: list[Claim]) -> list[bool]:
         # Through self.locks each time: a forked child's service has a store of its own.
         return await self.locks.store.claim_occurrences(claims)
 
@@ -321,7 +324,9 @@ class ScheduledTaskStore:
         name = task.name
         if occurrence is not None and task.exclusive:
             claimed = await self._retried(
-                occurrence, lambda: self._claims((name, occurrence)), "claiming it"
+                occurrence,
+                lambda: self._claims(Claim(name, occurrence, self.claimant)),
+                "claiming it",
             )
             if not claimed:
                 log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)

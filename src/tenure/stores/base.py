@@ -36,6 +36,7 @@ from ._gate import Gate
 
 __all__ = (
     "AcquireItem",
+    "Claim",
     "Finding",
     "Grant",
     "HandedOver",
@@ -81,6 +82,14 @@ class AcquireItem(NamedTuple):
     token: str
     ttl: float
     holder: str
+
+
+class Claim(NamedTuple):
+    """One occurrence claim of a batch (:meth:`Store.claim_occurrences`)."""
+
+    task: str
+    fire_time: float
+    claimant: str
 
 
 class ReleaseItem(NamedTuple):
@@ -260,14 +269,16 @@ class Store(ABC):
         """The live leases whose names start with ``prefix``, sorted by name."""
 
     @abstractmethod
-    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
         """Compare-and-advance the last claimed occurrence of ``task`` to ``fire_time``.
 
         Atomic. True when ``fire_time`` is later than every occurrence of
-        ``task`` claimed before (and is now the last claimed); False when an
-        equal or later one was already claimed, by any instance. This is what
-        keeps an instance whose clock runs behind from re-running an
-        occurrence that already ran.
+        ``task`` claimed before (and is now the last claimed, by
+        ``claimant``), and also when ``claimant`` itself made the last claim,
+        of this very ``fire_time``: a claim resent after its answer was lost
+        is still its maker's. False when an equal or later one was claimed by
+        another, or a later one by anyone. This is what keeps an instance
+        whose clock runs behind from re-running an occurrence that already ran.
         """
 
     @abstractmethod
@@ -284,9 +295,9 @@ class Store(ABC):
     # known about any item: some may have been applied. The defaults make one
     # call per item (the memory store needs no more).
 
-    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
-        """:meth:`claim_occurrence` for each ``(task, fire_time)``; one bool each, in order."""
-        return [await self.claim_occurrence(task, fire_time) for task, fire_time in claims]
+    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
+        """:meth:`claim_occurrence` for each claim (distinct tasks); one bool each, in order."""
+        return [await self.claim_occurrence(*claim) for claim in claims]
 
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         """:meth:`acquire` for each item (distinct names); one answer each, in order."""

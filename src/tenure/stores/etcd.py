@@ -76,7 +76,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import check_pool_max, number
-from .base import AcquireItem, Grant, LeaseInfo, ReleaseItem, RenewItem, RunRecord, Store
+from .base import AcquireItem, Claim, Grant, LeaseInfo, ReleaseItem, RenewItem, RunRecord, Store
 
 __all__ = ("EtcdStore",)
 
@@ -762,18 +762,18 @@ class EtcdStore(Store):
 
     # -- the scheduler's records -------------------------------------------------
 
-    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
-        return (await self.claim_occurrences([(task, fire_time)]))[0]
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
+        return (await self.claim_occurrences([Claim(task, fire_time, claimant)]))[0]
 
-    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         values = []
         ops = []
-        for task, fire_time in claims:
+        for task, fire_time, claimant in claims:
             key = self._claim_prefix + task.encode()
             occurrence = _micros(fire_time) + b"/"
-            # The nonce tells this claim from an equal one of another instance
-            # when the call is resent after a lost answer.
-            value = occurrence + os.urandom(8).hex().encode()
+            # The claimant tells this claim from an equal one of another
+            # instance when it is resent after a lost answer.
+            value = occurrence + claimant.encode()
             put = rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value))
             values.append(value)
             # Create it if absent, else advance it only forward (fixed-width

@@ -56,7 +56,7 @@ class MemoryStore(Store):
         self._leases: dict[str, _Lease] = {}
         self._fences: dict[str, int] = {}
         self._waiters: dict[str, list[_Waiter]] = {}
-        self._claims: dict[str, float] = {}
+        self._claims: dict[str, tuple[float, str]] = {}
         self._runs: dict[str, RunRecord] = {}
 
     @classmethod
@@ -168,12 +168,12 @@ class MemoryStore(Store):
                 if name.startswith(prefix) and lease.expires > now
             ]
 
-    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
         with self._mutex:
             last = self._claims.get(task)
-            if last is not None and last >= fire_time:
-                return False
-            self._claims[task] = fire_time
+            if last is not None and last[0] >= fire_time:
+                return last == (fire_time, claimant)
+            self._claims[task] = (fire_time, claimant)
             return True
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:

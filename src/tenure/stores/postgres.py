@@ -95,6 +95,7 @@ from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
 from .base import (
     AcquireItem,
+    Claim,
     Finding,
     Grant,
     LeaseInfo,
@@ -110,7 +111,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("tenure.stores.postgres")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PRUNE_AFTER = "10 minutes"
 """How long after its expiry a lease row may be pruned (see the module docstring)."""
 _POLL_WITHOUT_LISTEN = 0.5
@@ -219,7 +220,8 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         ");\n"
         "CREATE TABLE IF NOT EXISTS {claims} (\n"
         "    task text PRIMARY KEY,\n"
-        "    fire_time double precision NOT NULL\n"
+        "    fire_time double precision NOT NULL,\n"
+        "    claimant text NOT NULL\n"
         ");\n"
         "CREATE TABLE IF NOT EXISTS {runs} (\n"
         "    run_id text PRIMARY KEY,\n"
@@ -409,9 +411,11 @@ class PostgresStore(Store):
             ' AND starts_with(name, %s) ORDER BY name COLLATE "C"'
         )
         self._sql_claim = names.render(
-            "INSERT INTO {claims} AS c (task, fire_time) VALUES (%s, %s) "
-            "ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time "
-            "WHERE c.fire_time < excluded.fire_time RETURNING 1"
+            "INSERT INTO {claims} AS c (task, fire_time, claimant) VALUES (%s, %s, %s) "
+            "ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time,"
+            " claimant = excluded.claimant WHERE c.fire_time < excluded.fire_time"
+            " OR (c.fire_time = excluded.fire_time AND c.claimant = excluded.claimant) "
+            "RETURNING 1"
         )
         self._sql_record = names.render(
             "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
@@ -666,6 +670,14 @@ class PostgresStore(Store):
             raise self._unavailable(exc) from exc
         finally:
             await self._checkin(checkout)
+        if version is not None and version.isdigit() and int(version) < SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"PostgreSQL at {self.describe()}: the tables {self.prefix}_* in schema "
+                f"{self.schema!r} are of an older shape (schema version {version}; this "
+                f"tenure uses {SCHEMA_VERSION}): tenure has no release yet that migrates them. "
+                "Stop every instance, drop them (they hold only leases, claims and run records) "
+                "or use another prefix; `tenure schema` prints the current shape"
+            )
         if version != str(SCHEMA_VERSION):
             raise ConfigurationError(
                 f"PostgreSQL at {self.describe()}: the tables {self.prefix}_* in schema "
@@ -879,8 +891,8 @@ class PostgresStore(Store):
 
     # -- the scheduler's records -------------------------------------------------
 
-    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
-        return bool(await self._query(self._sql_claim, (task, fire_time)))
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
+        return bool(await self._query(self._sql_claim, (task, fire_time, claimant)))
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
         # The columns are RunRecord's fields, in order; runs() reads them back the same way.
@@ -888,7 +900,7 @@ class PostgresStore(Store):
         if record.ended is not None:
             await self._query(self._sql_trim, {"task": record.task, "skip": keep - 1})
 
-    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         return [bool(rows) for rows in await self._query_each(self._sql_claim, claims)]
 
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:

@@ -87,6 +87,7 @@ from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
 from .base import (
     AcquireItem,
+    Claim,
     Finding,
     Grant,
     HandedOver,
@@ -939,16 +940,19 @@ class RedisStore(Store):
         tag = f"{{{self.prefix}:runs:{task}}}"
         return tag + ":records", tag + ":index"
 
-    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
-        key = f"{{{self.prefix}:claims}}:{task}"
-        return bool(await self._script("claim", (key,), (repr(float(fire_time)),)))
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
+        return (await self.claim_occurrences([Claim(task, fire_time, claimant)]))[0]
 
-    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         # Every claim key is in one slot ({prefix:claims}): one call anywhere.
         answers = await self._scripts(
             [
-                ("claim", (f"{{{self.prefix}:claims}}:{task}",), (repr(float(fire_time)),))
-                for task, fire_time in claims
+                (
+                    "claim",
+                    (f"{{{self.prefix}:claims}}:{task}",),
+                    (repr(float(fire_time)), claimant),
+                )
+                for task, fire_time, claimant in claims
             ]
         )
         return [bool(answer) for answer in answers]

@@ -83,6 +83,7 @@ from urllib.parse import parse_qsl, urlsplit
 from ..errors import ConfigurationError, StoreUnavailable
 from .base import (
     AcquireItem,
+    Claim,
     Finding,
     Grant,
     LeaseInfo,
@@ -96,7 +97,7 @@ __all__ = ("SQLiteStore",)
 
 log = logging.getLogger("tenure.sqlite")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PAGE_SIZE = 1024
 """Of a database file tenure creates. A grant or release rewrites one small
 row, and every commit appends the pages it changed to the WAL: at a quarter
@@ -458,6 +459,14 @@ class SQLiteStore(Store):
                 row = conn.execute(
                     f"SELECT value FROM {p}_meta WHERE key = 'schema_version'"
                 ).fetchone()
+                if row is not None and isinstance(row[0], int) and row[0] < SCHEMA_VERSION:
+                    raise ConfigurationError(
+                        f"SQLite database {str(self.path)!r} has tenure's tables (prefix {p!r}) "
+                        f"of an older shape (schema version {row[0]}; this tenure uses "
+                        f"{SCHEMA_VERSION}): tenure has no release yet that migrates them. Stop "
+                        "every instance, then use a new file or another prefix (the old one "
+                        "holds only leases and run records)"
+                    )
                 if row is None or row[0] != SCHEMA_VERSION:
                     raise ConfigurationError(
                         f"SQLite database {str(self.path)!r} has tables named {p}_* that tenure "
@@ -486,7 +495,8 @@ class SQLiteStore(Store):
                     " WHERE name = OLD.name) WHERE name = OLD.name; END"
                 )
                 conn.execute(
-                    f"CREATE TABLE {p}_claims (task TEXT PRIMARY KEY, fire_time REAL NOT NULL)"
+                    f"CREATE TABLE {p}_claims (task TEXT PRIMARY KEY, fire_time REAL NOT NULL,"
+                    " claimant TEXT NOT NULL)"
                     " STRICT"
                 )
                 conn.execute(
@@ -706,22 +716,24 @@ class SQLiteStore(Store):
             for name, holder, fence, expires, acquired in rows
         ]
 
-    async def claim_occurrence(self, task: str, fire_time: float) -> bool:
-        return self._claim_now(task, fire_time)
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
+        return self._claim_now(task, fire_time, claimant)
 
-    def _claim_now(self, task: str, fire_time: float) -> bool:
+    def _claim_now(self, task: str, fire_time: float, claimant: str) -> bool:
         p = self.prefix
         rows = self._run(
-            f"INSERT INTO {p}_claims (task, fire_time) VALUES (?1, ?2) "
-            f"ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time "
-            f"WHERE {p}_claims.fire_time < excluded.fire_time RETURNING 1",
-            (task, fire_time),
+            f"INSERT INTO {p}_claims (task, fire_time, claimant) VALUES (?1, ?2, ?3) "
+            "ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time,"
+            f" claimant = excluded.claimant WHERE {p}_claims.fire_time < excluded.fire_time"
+            f" OR ({p}_claims.fire_time = excluded.fire_time"
+            f" AND {p}_claims.claimant = excluded.claimant) RETURNING 1",
+            (task, fire_time, claimant),
         )
         return bool(rows)
 
-    async def claim_occurrences(self, claims: Sequence[tuple[str, float]]) -> list[bool]:
+    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         with self._transaction():
-            return [self._claim_now(task, fire_time) for task, fire_time in claims]
+            return [self._claim_now(*claim) for claim in claims]
 
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         with self._transaction():
