@@ -3,6 +3,7 @@
 The public names live here; everything else is an implementation detail.
 """
 
+from ._threads import PoolFull
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, log_events
 from .locks import Lock, LockService, Outcome, current_lock
@@ -25,6 +26,7 @@ __all__ = (
     "LockLost",
     "LockService",
     "Outcome",
+    "PoolFull",
     "RunOutcome",
     "RunRecord",
     "ScheduledTask",

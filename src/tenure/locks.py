@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from . import _validate
 from ._aio import is_async, settle
 from ._aio import shielded as _shielded
+from ._threads import THREAD_QUEUE, THREADS, PoolFull, WorkerPool
 from ._tokens import new_token
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
@@ -198,12 +199,22 @@ class LockService:
     its store; a store passed to the constructor stays the caller's to close.
     """
 
-    def __init__(self, store: Store, *, holder: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        holder: str | None = None,
+        threads: int = THREADS,
+        thread_queue: int = THREAD_QUEUE,
+    ) -> None:
         if not isinstance(store, Store):
             raise TypeError(
                 f"LockService needs a tenure Store, got {type(store).__name__}; "
                 "use LockService.from_url(url) to open one from a URL"
             )
+        self.threads = WorkerPool(threads, thread_queue)
+        """The threads ``run_exclusively`` runs plain functions on: ``threads`` at
+        once, ``thread_queue`` more waiting; past that it raises PoolFull."""
         self.store = store
         self.holder = holder if holder is not None else _holder_id()
         self._owns_store = False
@@ -217,9 +228,18 @@ class LockService:
         _live.add(self)
 
     @classmethod
-    def from_url(cls, url: str, *, holder: str | None = None) -> LockService:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        holder: str | None = None,
+        threads: int = THREADS,
+        thread_queue: int = THREAD_QUEUE,
+    ) -> LockService:
         """A service on the store a URL names; see ``tenure.stores`` for the schemes."""
+        pool = WorkerPool(threads, thread_queue)  # bad numbers fail before the store opens
         service = cls(store_from_url(url), holder=holder)
+        service.threads = pool
         service._owns_store = True
         return service
 
@@ -294,6 +314,7 @@ class LockService:
         for lock in list(self._held):
             await self._release_quietly(lock)
         await asyncio.to_thread(self._renewer.stop)
+        self.threads.shutdown()
         if self._owns_store:
             await self.store.aclose()
 
@@ -559,6 +580,10 @@ class LockService:
         """
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, got {fn!r}")
+        if not is_async(fn) and self.threads.full():
+            raise PoolFull(
+                f"run_exclusively({name!r}): thread pool full: {self.threads.describe()}"
+            )
         lock = await self.acquire(name, ttl=ttl)
         if lock is None:
             log.debug("run_exclusively(%r): held elsewhere, skipped", name)
@@ -570,11 +595,17 @@ class LockService:
         return Outcome.RAN
 
     async def run_under(
-        self, lock: Lock, fn: Callable[..., Any], *args: Any, **kwargs: Any
+        self,
+        lock: Lock,
+        fn: Callable[..., Any],
+        *args: Any,
+        threads: WorkerPool | None = None,
+        **kwargs: Any,
     ) -> None:
         """Run ``fn(*args, **kwargs)`` under ``lock``, already held, as
         ``run_exclusively`` does (``current_lock()`` is ``lock``; a loss
-        cancels an async ``fn`` and raises LockLost), without releasing it."""
+        cancels an async ``fn`` and raises LockLost), without releasing it.
+        A plain ``fn`` runs on ``threads`` (default: this service's pool)."""
         if not callable(fn):
             raise InvalidArgument(f"fn must be callable, got {fn!r}")
         if not isinstance(lock, Lock) or lock._service is not self:
@@ -584,7 +615,7 @@ class LockService:
             if is_async(fn):
                 await self._run_async(lock, fn, args, kwargs)
             else:
-                await self._run_sync(lock, fn, args, kwargs)
+                await self._run_sync(lock, fn, args, kwargs, threads or self.threads)
         finally:
             _current.reset(reset)
 
@@ -612,13 +643,18 @@ class LockService:
             raise lock.loss_error()
 
     async def _run_sync(
-        self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        lock: Lock,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        threads: WorkerPool,
     ) -> None:
         # The thread cannot be stopped, so the lock stays held (and renewed)
         # until it returns, even if this coroutine is cancelled meanwhile.
         call = functools.partial(fn, *args, **kwargs)
         try:
-            await _shielded(asyncio.to_thread(call))
+            await _shielded(threads.run(call))
         except Exception as exc:
             if lock.lost:
                 raise lock.loss_error() from exc

@@ -16,6 +16,10 @@ Defaults, on purpose:
   ``tasks``), never a traceback per occurrence.
 * **Overlap: skip.** While a run of a task is still going anywhere in the
   cluster, later occurrences find its lock held and are recorded as skipped.
+* **Plain functions: 8 threads, 100 waiting.** A task that is not async
+  runs on the scheduler's own worker threads (``threads``), and at most
+  ``thread_queue`` more occurrences wait for one; an occurrence past that ends
+  ``missed`` ("thread pool full"), its lock untaken.
 * **Stop: wait, then cancel.** ``stop()`` stops firing, waits up to
   ``shutdown_timeout`` seconds for running tasks, then cancels them; their
   locks are released as they unwind.
@@ -39,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from ..errors import InvalidArgument, LockLost, TenureError
 from ..events import Event
 from ..locks import LockService
@@ -81,6 +86,8 @@ class Scheduler:
         prune: str | None = "*/10 * * * *",
         listener: Callable[[str, float | None, str], None] | None = None,
         skew_warning: float = SKEW_WARNING,
+        threads: int = THREADS,
+        thread_queue: int = THREAD_QUEUE,
     ) -> None:
         if not isinstance(locks, LockService):
             raise InvalidArgument(f"Scheduler needs a LockService, got {type(locks).__name__}")
@@ -101,6 +108,7 @@ class Scheduler:
             keep_runs=keep_runs,
             listener=listener,
             misfire_grace=self.misfire_grace,
+            threads=WorkerPool(threads, thread_queue, name="tenure-task"),
         )
         if prune is not None:
             self.tasks.add(self._prune, prune, name=PRUNE_TASK)
@@ -164,6 +172,7 @@ class Scheduler:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
             await self._drain()
+            self.tasks.threads.shutdown()
             self._loop = self._wake = None
 
     async def _watch_skew(self) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._aio import is_async
+from .._threads import PoolFull, WorkerPool
 from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from ..events import Event
@@ -124,6 +125,7 @@ class ScheduledTaskStore:
         keep_runs: int = DEFAULT_KEEP_RUNS,
         listener: Callable[[str, float | None, str], None] | None = None,
         misfire_grace: float = 30.0,
+        threads: WorkerPool | None = None,
     ) -> None:
         if not isinstance(keep_runs, int) or keep_runs < 1:
             raise InvalidArgument(f"keep_runs must be a positive int, got {keep_runs!r}")
@@ -133,6 +135,9 @@ class ScheduledTaskStore:
         self.misfire_grace = misfire_grace
         """How long after its fire time a failing store call of an occurrence is tried again."""
         self.listener = listener
+        self.threads = threads if threads is not None else WorkerPool(name="tenure-task")
+        """The threads plain task functions run on; an occurrence that finds
+        them all busy and their queue full ends ``missed`` ("thread pool full")."""
         self._tasks: dict[str, ScheduledTask] = {}
         self._orphans: set[asyncio.Task[None]] = set()
         self.counts: collections.Counter[str] = collections.Counter()
@@ -352,7 +357,9 @@ class ScheduledTaskStore:
             else:
                 reset = _current_run.set(CurrentRun(name, occurrence, record.run_id, None))
                 try:
-                    await _call(task.fn)
+                    await _call(task.fn, self.threads)
+                except PoolFull as exc:
+                    raise _Missed(str(exc)) from exc
                 finally:
                     _current_run.reset(reset)
                 outcome = Outcome.RAN
@@ -401,6 +408,8 @@ class ScheduledTaskStore:
         """``run_exclusively`` in batches: the acquire is retried like the claim
         (a failure before the task started is the store's, never the task's
         own), and the acquire and the release join those of the same tick."""
+        if not is_async(task.fn) and self.threads.full():
+            raise _Missed(f"thread pool full: {self.threads.describe()}")
         lock = await self._retried(
             occurrence, lambda: self._acquire(task.name, task.ttl), "acquiring its lock"
         )
@@ -408,7 +417,9 @@ class ScheduledTaskStore:
             return Outcome.SKIPPED
         reset = _current_run.set(CurrentRun(task.name, occurrence, run_id, lock))
         try:
-            await self.locks.run_under(lock, task.fn)
+            await self.locks.run_under(lock, task.fn, threads=self.threads)
+        except PoolFull as exc:  # filled up while the lock was acquired
+            raise _Missed(str(exc)) from exc
         finally:
             _current_run.reset(reset)
             await self._release(lock)
@@ -452,8 +463,8 @@ def _log_missed(name: str, occurrence: float | None, reason: str) -> None:
     log.warning("task %r: occurrence %s missed: %s", name, occurrence, reason)
 
 
-async def _call(fn: Callable[..., Any]) -> None:
+async def _call(fn: Callable[..., Any], threads: WorkerPool) -> None:
     if is_async(fn):
         await fn()
     else:
-        await asyncio.to_thread(fn)
+        await threads.run(fn)
