@@ -78,6 +78,41 @@ async def test_locks_with_the_same_ttl_share_one_etcd_lease() -> None:
             assert await lock.release() is True
 
 
+async def test_waiters_share_one_watch_and_each_release_wakes_its_own_name() -> None:
+    """300 waiters (100 names, three each) in one process: one etcd watch, not
+    300 (their registrations used to be serial and outlast the call timeout),
+    and every waiter gets its lock in turn."""
+    url = f"{etcd_cluster().url}?prefix=watch{os.getpid()}"
+    names = [f"w{i}" for i in range(100)]
+    async with LockService.from_url(url) as holders, LockService.from_url(url) as waiters:
+        held = await holders.acquire_each(names, ttl=5)
+        assert all(lock is not None for lock in held)
+        order: list[str] = []
+
+        async def wait_for(name: str) -> None:
+            lock = await waiters.acquire(name, ttl=5, wait=30)
+            assert lock is not None
+            order.append(name)
+            await asyncio.sleep(0.01)
+            assert await lock.release()
+
+        waiting = [asyncio.ensure_future(wait_for(name)) for name in names for _ in range(3)]
+        store = waiters.store
+        assert isinstance(store, EtcdStore)
+        conn = await store._conn()
+        for _ in range(500):  # every waiter registered with the one watch
+            if len(conn.releases.wakeups) == 300:
+                break
+            await asyncio.sleep(0.01)
+        assert len(conn.releases.wakeups) == 300
+        assert len(conn.watcher._callbacks) == 1, "one watch for all the waiters"
+        assert await holders.release_each([lock for lock in held if lock is not None]) == [
+            True
+        ] * len(names)
+        await asyncio.wait_for(asyncio.gather(*waiting), 60)
+        assert sorted(order) == sorted(names * 3)
+
+
 async def test_a_lease_etcd_reports_expired_marks_every_lock_on_it_lost() -> None:
     url = f"{etcd_cluster().url}?prefix=revoke{os.getpid()}"
     async with LockService.from_url(url) as locks, LockService.from_url(url) as other:

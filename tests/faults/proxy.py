@@ -42,13 +42,18 @@ class Proxy:
     def set_mode(self, mode: str, delay: float = 0.0) -> None:
         assert mode in ("pass", "delay", "blackhole", "reset", "mute"), mode
 
+        switched = threading.Event()
+
         def switch() -> None:
             self.mode, self.delay = mode, delay
             if mode == "reset":
                 for writer in list(self._writers):
                     _reset(writer)
+            switched.set()
 
+        # Waited for: what the caller sends next meets the new mode.
         self._loop.call_soon_threadsafe(switch)
+        switched.wait(10)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode == "reset":

@@ -144,9 +144,6 @@ class ScheduledTaskStore:
         """Runs by outcome (``missed`` among them), plus ``claimed_elsewhere`` for
         occurrences another instance took."""
         size = locks.store.batch_max
-        self.claimant = f"{locks.holder}/{secrets.token_hex(4)}"
-        """Who this registry's claims are by: its instance, and itself (two
-        schedulers on one service are two claimants)."""
         self._claims: Coalesced[Claim, bool] = Coalesced(
             self._claim_batch, size, key=lambda claim: claim[0]
         )
@@ -279,20 +276,18 @@ class ScheduledTaskStore:
         call: Callable[[], Any],
         what: str,
         *,
-        retry: Callable[[], bool] = lambda: True,
         within: float | None = None,
     ) -> Any:
         """``await call()``, tried again on StoreUnavailable while ``occurrence`` is
-        within the misfire grace (or ``within`` seconds, if given) and ``retry()``
-        says so; then _Missed. A manual run (no occurrence) is not retried: its
-        caller sees the error."""
+        within the misfire grace (or ``within`` seconds, if given); then _Missed.
+        A manual run (no occurrence) is not retried: its caller sees the error."""
         window = self.misfire_grace if within is None else within
         pause = _RETRY_FIRST
         while True:
             try:
                 return await call()
             except StoreUnavailable as exc:
-                if occurrence is None or not retry():
+                if occurrence is None:
                     raise
                 if self.clock() + pause - occurrence > window:
                     raise _Missed(f"{what} failed until past the misfire grace: {exc}") from exc
@@ -328,11 +323,10 @@ class ScheduledTaskStore:
     async def _run(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
         name = task.name
         if occurrence is not None and task.exclusive:
-            claimed = await self._retried(
-                occurrence,
-                lambda: self._claims(Claim(name, occurrence, self.claimant)),
-                "claiming it",
-            )
+            # This run's own claimant: its retries are "yours", and any other
+            # run of the occurrence, even from this instance, is "elsewhere".
+            claim = Claim(name, occurrence, f"{self.locks.holder}/{secrets.token_hex(6)}")
+            claimed = await self._retried(occurrence, lambda: self._claims(claim), "claiming it")
             if not claimed:
                 log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
                 self.counts["claimed_elsewhere"] += 1
@@ -347,13 +341,20 @@ class ScheduledTaskStore:
             ended=None,
             outcome=RunOutcome.RUNNING,
         )
-        await self._retried(occurrence, lambda: self._records(record), "recording its start")
+        # An occurrence's start record travels beside its lock's acquire (one
+        # step of the tick less before the function's first line); a manual
+        # or non-exclusive run writes it first.
+        sent = self._records.soon(record)
+        start: asyncio.Future[None] | None = sent
+        if occurrence is None or not task.exclusive:
+            await self._recorded(sent, occurrence, record)
+            start = None
         began = time.monotonic()
         result: RunOutcome = RunOutcome.FAILED
         error: str | None = "interrupted"
         try:
             if task.exclusive:
-                outcome = await self._run_exclusively(task, occurrence, record.run_id)
+                outcome = await self._run_exclusively(task, occurrence, record, start)
             else:
                 reset = _current_run.set(CurrentRun(name, occurrence, record.run_id, None))
                 try:
@@ -385,6 +386,9 @@ class ScheduledTaskStore:
                 log.debug("task %r skipped: %s", name, error)
             return outcome
         finally:
+            if start is not None and not start.done():
+                # The final record goes after the start record, never before it.
+                await asyncio.wait((start,))
             self.counts[result] += 1
             self._tell(name, occurrence, result, time.monotonic() - began)
             finished = RunRecord(
@@ -402,8 +406,21 @@ class ScheduledTaskStore:
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
 
+    async def _recorded(
+        self, start: asyncio.Future[None], occurrence: float | None, record: RunRecord
+    ) -> None:
+        """Wait for the start record sent as ``start``; tried again like the claim."""
+        try:
+            await asyncio.shield(start)
+        except StoreUnavailable:
+            await self._retried(occurrence, lambda: self._records(record), "recording its start")
+
     async def _run_exclusively(
-        self, task: ScheduledTask, occurrence: float | None, run_id: str
+        self,
+        task: ScheduledTask,
+        occurrence: float | None,
+        record: RunRecord,
+        start: asyncio.Future[None] | None,
     ) -> Outcome:
         """``run_exclusively`` in batches: the acquire is retried like the claim
         (a failure before the task started is the store's, never the task's
@@ -415,8 +432,10 @@ class ScheduledTaskStore:
         )
         if lock is None:
             return Outcome.SKIPPED
-        reset = _current_run.set(CurrentRun(task.name, occurrence, run_id, lock))
+        reset = _current_run.set(CurrentRun(task.name, occurrence, record.run_id, lock))
         try:
+            if start is not None:
+                await self._recorded(start, occurrence, record)
             await self.locks.run_under(lock, task.fn, threads=self.threads)
         except PoolFull as exc:  # filled up while the lock was acquired
             raise _Missed(str(exc)) from exc

@@ -69,13 +69,14 @@ from urllib.parse import parse_qsl, unquote
 import grpc
 from aetcd import rpc
 from aetcd.exceptions import RevisionCompactedError
-from aetcd.rtypes import EventKind
+from aetcd.rtypes import Event, EventKind
 from aetcd.watcher import Watcher
 
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import check_pool_max, number
+from ._waiters import Wakeups
 from .base import AcquireItem, Claim, Grant, LeaseInfo, ReleaseItem, RenewItem, RunRecord, Store
 
 __all__ = ("EtcdStore",)
@@ -151,6 +152,44 @@ class _Conn:
         self.lease = rpc.LeaseStub(channel)
         self.watcher = Watcher(rpc.WatchStub(channel), metadata=metadata)
         self.broken = False
+        self.releases = _Releases()
+
+
+class _Releases:
+    """One watch per connection on the deletions of every lock key, dispatched
+    to this loop's waiters by name (``wait_released``)."""
+
+    def __init__(self) -> None:
+        self.wakeups = Wakeups()
+        self.watching = False
+        self.since = 0
+        """The revision the watch started from: every deletion from it on is seen."""
+        self.starting: asyncio.Future[None] | None = None
+        self.deleted: dict[str, int] = {}
+        """Name -> revision of its latest deletion the watch delivered: a waiter
+        that registers just after one (it was on its way) still sees it."""
+        self.forgot = 0
+        """Deletions before this revision may have been dropped from ``deleted``."""
+
+    def on_event(self, prefix_length: int, event: Any) -> None:
+        if not isinstance(event, Event):  # the stream's error: everyone looks again
+            self.watching = False
+            self.wakeups.wake_all()
+            return
+        name = event.kv.key[prefix_length:].decode()
+        revision = int(event.kv.mod_revision)
+        if len(self.deleted) >= _SEEN_MAX:
+            self.deleted.clear()
+            self.forgot = revision
+        self.deleted[name] = revision
+        self.wakeups.wake(name)
+
+    def missed(self, name: str, seen: int | None) -> bool:
+        """Whether a deletion of ``name`` after revision ``seen`` may have come
+        before its waiter registered (or before the watch began): look again now."""
+        if seen is None:
+            return False
+        return self.since > seen + 1 or seen < self.forgot or self.deleted.get(name, 0) > seen
 
 
 class EtcdStore(Store):
@@ -342,6 +381,7 @@ class EtcdStore(Store):
             return conn
         if conn is not None:
             self._conns.pop(loop, None)
+            conn.releases.wakeups.wake_all()  # they look again, on the new connection
             with contextlib.suppress(Exception):
                 await conn.watcher.shutdown()
                 await conn.channel.close()
@@ -697,35 +737,53 @@ class EtcdStore(Store):
         return found if answer.succeeded else None
 
     async def wait_released(self, name: str, timeout: float) -> None:
-        key = self._lock_prefix + name.encode()
         seen = self._seen.pop(name, None)
-        woken = asyncio.Event()
-
-        async def on_event(_event: Any) -> None:  # a deletion, or the stream's error
-            woken.set()
-
         conn = await self._conn()
+        releases = conn.releases
+        woken = releases.wakeups.add(name)
         try:
-            watch = await asyncio.wait_for(
+            if not releases.watching:
+                if releases.starting is None or releases.starting.done():
+                    releases.starting = asyncio.ensure_future(self._watch_releases(conn, seen))
+                await asyncio.shield(releases.starting)
+            if releases.missed(name, seen):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), timeout)
+        finally:
+            releases.wakeups.remove(name, woken)
+
+    async def _watch_releases(self, conn: _Conn, seen: int | None) -> None:
+        """Start this connection's one watch on every lock key's deletion, from
+        just after ``seen`` (the revision at which the first waiter saw its lock
+        held), or from now."""
+        releases = conn.releases
+        start = self._lock_prefix
+
+        async def on_event(event: Any) -> None:  # a deletion, or the stream's error
+            releases.on_event(len(start), event)
+
+        if seen is None:
+            answer = await self._call("Range", "kv", rpc.RangeRequest(key=start, limit=1))
+            seen = int(answer.header.revision)
+        try:
+            await asyncio.wait_for(
                 conn.watcher.add_callback(
-                    key,
+                    start,
                     on_event,
-                    start_revision=None if seen is None else seen + 1,
+                    range_end=_prefix_end(start),
+                    start_revision=seen + 1,
                     kind=EventKind.DELETE,
                 ),
                 self.timeout,
             )
-        except RevisionCompactedError:  # our revision is gone: look again at once
+        except RevisionCompactedError:  # that revision is gone: from now, and look again
+            await self._watch_releases(conn, None)
             return
         except (TimeoutError, grpc.aio.AioRpcError) as exc:
             raise self._failed(conn, exc) from exc
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), timeout)
-        finally:
-            if watch.watch_id is not None:
-                with contextlib.suppress(Exception):
-                    await conn.watcher.cancel(watch.watch_id)
+        releases.since = seen + 1
+        releases.watching = True
 
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
         start = self._lock_prefix + prefix.encode()
