@@ -5,6 +5,7 @@
     python bench/load.py --fsync              PostgreSQL with fsync=on, etcd without
                                               --unsafe-no-fsync (production's settings)
     python bench/load.py --smoke              a few iterations of everything (the test suite)
+    python bench/load.py --parts herd         only some of burst, herd, scheduler
 
 Each store is a throwaway server started here (PostgreSQL with ``fsync=off``
 and etcd with ``--unsafe-no-fsync``, as the tests run them, unless
@@ -233,7 +234,7 @@ def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
     return urls
 
 
-async def measure(name: str, url: str, smoke: bool, fsync: bool) -> None:
+async def measure(name: str, url: str, smoke: bool, fsync: bool, parts: set[str]) -> None:
     levels = (1, 10) if smoke else (1, 10, 100, 500)
     total = 40 if smoke else 4000
     herd_size = 10 if smoke else 500
@@ -243,43 +244,49 @@ async def measure(name: str, url: str, smoke: bool, fsync: bool) -> None:
     }.get(name, "")
     print(f"\n## {name}{setting}")
     async with LockService.from_url(url) as locks:
-        ours = await tenure_cycle(locks)
-        peer_make: Callable[[], Awaitable[Cycle]] | None = None
-        peer_close: Any = None
-        pool_max = getattr(locks.store, "pool_max", 10)
-        if name == "redis":
-            peer_make, peer_close = redis_peer(url, pool_max)
-            peer_label = "redis-py Lock"
-        elif name == "postgres":
-            peer_make, peer_close = postgres_peer(url, pool_max)
-            peer_label = "hand-written lease"
-        peer = await peer_make() if peer_make is not None else None
-        print(
-            "burst: callers | tenure cycles/s (failed) | "
-            + (f"{peer_label} | ratio" if peer else "")
-        )
-        for callers in levels:
-            per_caller = max(1, total // callers)
-            rate, failed = await burst(ours, callers, per_caller)
-            line = f"  {callers:>4} | {rate:>9.0f} ({failed})"
-            if peer is not None:
-                peer_rate, peer_failed = await burst(peer, callers, per_caller)
-                line += f" | {peer_rate:>9.0f} ({peer_failed}) | {rate / peer_rate:.2f}x"
-            print(line)
-        if peer_close is not None:
-            await peer_close()
-        single = statistics.median([await herd(locks, 1) for _ in range(5 if smoke else 30)])
-        try:
-            many = await herd(locks, herd_size)
-        except StoreUnavailable as exc:  # reported as a result: a herd that fails is a finding
-            print(f"herd: {herd_size} waiters FAILED (one waiter {single * 1000:.2f} ms): {exc}")
-        else:
+        if "burst" in parts:
+            ours = await tenure_cycle(locks)
+            peer_make: Callable[[], Awaitable[Cycle]] | None = None
+            peer_close: Any = None
+            pool_max = getattr(locks.store, "pool_max", 10)
+            if name == "redis":
+                peer_make, peer_close = redis_peer(url, pool_max)
+                peer_label = "redis-py Lock"
+            elif name == "postgres":
+                peer_make, peer_close = postgres_peer(url, pool_max)
+                peer_label = "hand-written lease"
+            peer = await peer_make() if peer_make is not None else None
             print(
-                f"herd: {herd_size} waiters {many * 1000:.2f} ms per handoff, one waiter "
-                f"{single * 1000:.2f} ms: {many / single:.1f}x (target 2x)"
+                "burst: callers | tenure cycles/s (failed) | "
+                + (f"{peer_label} | ratio" if peer else "")
             )
-    tasks, seconds = (20, 4.0) if smoke else (1000, 10.0)
-    print(f"scheduler: {tasks} tasks x 3 instances: {await scheduler_load(url, tasks, seconds, 3)}")
+            for callers in levels:
+                per_caller = max(1, total // callers)
+                rate, failed = await burst(ours, callers, per_caller)
+                line = f"  {callers:>4} | {rate:>9.0f} ({failed})"
+                if peer is not None:
+                    peer_rate, peer_failed = await burst(peer, callers, per_caller)
+                    line += f" | {peer_rate:>9.0f} ({peer_failed}) | {rate / peer_rate:.2f}x"
+                print(line)
+            if peer_close is not None:
+                await peer_close()
+        if "herd" in parts:
+            single = statistics.median([await herd(locks, 1) for _ in range(5 if smoke else 30)])
+            try:
+                many = await herd(locks, herd_size)
+            except StoreUnavailable as exc:  # reported as a result: a herd that fails is a finding
+                print(
+                    f"herd: {herd_size} waiters FAILED (one waiter {single * 1000:.2f} ms): {exc}"
+                )
+            else:
+                print(
+                    f"herd: {herd_size} waiters {many * 1000:.2f} ms per handoff, one waiter "
+                    f"{single * 1000:.2f} ms: {many / single:.1f}x (target 2x)"
+                )
+    if "scheduler" in parts:
+        tasks, seconds = (20, 4.0) if smoke else (1000, 10.0)
+        result = await scheduler_load(url, tasks, seconds, 3)
+        print(f"scheduler: {tasks} tasks x 3 instances: {result}")
 
 
 def main() -> None:
@@ -287,15 +294,22 @@ def main() -> None:
     parser.add_argument("--stores", default="sqlite,redis,postgres,etcd")
     parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
     parser.add_argument("--smoke", action="store_true", help="a few iterations of everything")
+    parser.add_argument(
+        "--parts", default="burst,herd,scheduler", help="which of burst, herd, scheduler to run"
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"burst", "herd", "scheduler"}:
+        parser.error(f"--parts takes burst, herd and scheduler, got {args.parts!r}")
     tasks, seconds = (20, 4.0) if args.smoke else (1000, 10.0)
-    print("\n## APScheduler 3 (one process, not cluster-safe)")
-    aps = asyncio.run(scheduler_load("", tasks, seconds, 1, apscheduler=True))
-    print(f"scheduler: {tasks} tasks x 1 instance: {aps}")
+    if "scheduler" in parts:
+        print("\n## APScheduler 3 (one process, not cluster-safe)")
+        aps = asyncio.run(scheduler_load("", tasks, seconds, 1, apscheduler=True))
+        print(f"scheduler: {tasks} tasks x 1 instance: {aps}")
     with ExitStack() as stack:
         urls = servers(args.stores.split(","), args.fsync, stack)
         for name, url in urls.items():
-            asyncio.run(measure(name, url, args.smoke, args.fsync))
+            asyncio.run(measure(name, url, args.smoke, args.fsync, parts))
 
 
 if __name__ == "__main__":

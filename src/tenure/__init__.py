@@ -15,6 +15,7 @@ from .schedule import (
     Scheduler,
     current_run,
 )
+from .stores._waiters import WaitQueueFull
 from .stores.base import RunRecord
 
 __all__ = (
@@ -34,6 +35,7 @@ __all__ = (
     "Scheduler",
     "StoreUnavailable",
     "TenureError",
+    "WaitQueueFull",
     "current_lock",
     "current_run",
     "log_events",

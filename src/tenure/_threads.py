@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import InvalidArgument, TenureError
+from ._validate import check_count
+from .errors import TenureError
 
 __all__ = ("THREADS", "THREAD_QUEUE", "PoolFull", "WorkerPool")
 
@@ -32,20 +33,14 @@ class PoolFull(TenureError):
     """Every thread of a WorkerPool is busy and its queue is full."""
 
 
-def _positive(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{what} must be a whole number from 1, got {value!r}")
-    return value
-
-
 class WorkerPool:
     """At most ``threads`` plain functions at once, ``queue`` more waiting."""
 
     def __init__(
         self, threads: int = THREADS, queue: int = THREAD_QUEUE, *, name: str = "tenure-work"
     ) -> None:
-        self.threads = _positive(threads, "threads")
-        self.queue = _positive(queue, "thread_queue")
+        self.threads = check_count(threads, "threads")
+        self.queue = check_count(queue, "thread_queue")
         self._name = name
         self._guard = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None

@@ -85,3 +85,10 @@ def check_wait(wait: object) -> float:
     if seconds < 0:
         raise InvalidArgument(f"wait must not be negative, got {wait!r}")
     return seconds
+
+
+def check_count(value: object, what: str) -> int:
+    """A bound such as ``threads=`` or ``waiters=``: a whole number from 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{what} must be a whole number from 1, got {value!r}")
+    return value

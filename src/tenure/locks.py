@@ -7,6 +7,7 @@ import contextvars
 import enum
 import functools
 import logging
+import math
 import os
 import secrets
 import socket
@@ -26,6 +27,7 @@ from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
+from .stores._waiters import WAITERS, Line
 from .stores.base import AcquireItem, Grant, ReleaseItem, Store
 
 __all__ = ("Lock", "LockService", "Outcome", "current_lock")
@@ -206,6 +208,7 @@ class LockService:
         holder: str | None = None,
         threads: int = THREADS,
         thread_queue: int = THREAD_QUEUE,
+        waiters: int = WAITERS,
     ) -> None:
         if not isinstance(store, Store):
             raise TypeError(
@@ -215,6 +218,7 @@ class LockService:
         self.threads = WorkerPool(threads, thread_queue)
         """The threads ``run_exclusively`` runs plain functions on: ``threads`` at
         once, ``thread_queue`` more waiting; past that it raises PoolFull."""
+        self._line = Line(waiters)
         self.store = store
         self.holder = holder if holder is not None else _holder_id()
         self._owns_store = False
@@ -235,11 +239,20 @@ class LockService:
         holder: str | None = None,
         threads: int = THREADS,
         thread_queue: int = THREAD_QUEUE,
+        waiters: int = WAITERS,
     ) -> LockService:
         """A service on the store a URL names; see ``tenure.stores`` for the schemes."""
-        pool = WorkerPool(threads, thread_queue)  # bad numbers fail before the store opens
-        service = cls(store_from_url(url), holder=holder)
-        service.threads = pool
+        # Bad numbers fail before the store opens.
+        _validate.check_count(threads, "threads")
+        _validate.check_count(thread_queue, "thread_queue")
+        _validate.check_count(waiters, "waiters")
+        service = cls(
+            store_from_url(url),
+            holder=holder,
+            threads=threads,
+            thread_queue=thread_queue,
+            waiters=waiters,
+        )
         service._owns_store = True
         return service
 
@@ -390,27 +403,52 @@ class LockService:
             self.start()
         return ttl, wait
 
+    def waiting(self, name: str) -> int:
+        """Callers of this service (on the running event loop) waiting for ``name``.
+
+        They wait in line, first come first served: only the first of them
+        waits on the store, so a release wakes one of them, not all.
+        """
+        return self._line.waiting(_validate.check_name(name))
+
     async def _acquire(self, name: str, ttl: float, wait: float) -> Lock | None:
-        if wait and self.store.grants_on_release:
-            return await self._acquire_handed_over(name, ttl, wait)
-        lock = await self._try_acquire(name, ttl)
-        if lock is not None or wait == 0:
-            return lock
-        deadline = time.monotonic() + wait
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            await self.store.wait_released(name, min(remaining, 3600.0))
+        if wait == 0:
+            return await self._try_acquire(name, ttl)
+        line = self._line
+        handed_over = self.store.grants_on_release
+        if not handed_over and not line.waiting(name):
             lock = await self._try_acquire(name, ttl)
             if lock is not None:
                 return lock
-
-    async def _acquire_handed_over(self, name: str, ttl: float, wait: float) -> Lock | None:
-        """Wait in the store's queue: a release hands the lock over in the same step."""
         deadline = time.monotonic() + wait
+        turn = line.join(name)
+        try:
+            if not turn.done():
+                left = deadline - time.monotonic()
+                await asyncio.wait((turn,), timeout=None if left == math.inf else max(left, 0))
+                if not turn.done():
+                    return None
+            # First in line. The caller before has the lock now (or gave up):
+            # the store's wait says at once when the name is free after all.
+            if handed_over:
+                return await self._acquire_handed_over(name, ttl, deadline)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                line.store_waits += 1
+                await self.store.wait_released(name, min(remaining, 3600.0))
+                lock = await self._try_acquire(name, ttl)
+                if lock is not None:
+                    return lock
+        finally:
+            line.leave(name, turn)
+
+    async def _acquire_handed_over(self, name: str, ttl: float, deadline: float) -> Lock | None:
+        """Wait in the store's queue: a release hands the lock over in the same step."""
         while True:
             token = new_token()
+            self._line.store_waits += 1
             got = await self.store.acquire_waiting(
                 name,
                 token,

@@ -56,6 +56,7 @@ from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavaila
 from .events import Hook
 from .locks import Outcome
 from .stores import from_url as store_from_url
+from .stores._waiters import WAITERS, WaitQueueFull
 from .stores.base import Store
 
 __all__ = (
@@ -67,6 +68,7 @@ __all__ = (
     "Outcome",
     "StoreUnavailable",
     "TenureError",
+    "WaitQueueFull",
     "current_lock",
 )
 
@@ -227,17 +229,21 @@ class LockService:
     docstring for threads, loss and fork.
     """
 
-    def __init__(self, store: Store, *, holder: str | None = None) -> None:
+    def __init__(self, store: Store, *, holder: str | None = None, waiters: int = WAITERS) -> None:
+        _validate.check_count(waiters, "waiters")
         blocking = store.for_blocking()
-        self._core = _core.LockService(blocking, holder=holder)
+        self._core = _core.LockService(blocking, holder=holder, waiters=waiters)
         self._core._owns_store = blocking is not store  # a variant made here is ours to close
         self._portal = _Portal()
         _live.add(self)
 
     @classmethod
-    def from_url(cls, url: str, *, holder: str | None = None) -> LockService:
+    def from_url(
+        cls, url: str, *, holder: str | None = None, waiters: int = WAITERS
+    ) -> LockService:
         """A service on the store a URL names (the same URLs as the asyncio API)."""
-        service = cls(store_from_url(url), holder=holder)
+        _validate.check_count(waiters, "waiters")
+        service = cls(store_from_url(url), holder=holder, waiters=waiters)
         service._core._owns_store = True
         return service
 
@@ -276,6 +282,14 @@ class LockService:
             self._portal.call(self._core.close())
         finally:
             self._portal.stop()
+
+    def waiting(self, name: str) -> int:
+        """Callers of this service waiting for ``name``, in line (as the asyncio one)."""
+
+        async def count() -> int:
+            return self._core.waiting(name)
+
+        return self._portal.call(count())
 
     def acquire(
         self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0

@@ -21,6 +21,7 @@ from tenure.stores.etcd import EtcdStore
 from ..conftest import etcd_cluster
 from ..faults.history import grants, read_logs, violations
 from ..helpers.procs import ROOT
+from ..helpers.until import until
 from ..servers import EtcdCluster, self_signed_cert
 
 TTL = 1.0
@@ -80,8 +81,9 @@ async def test_locks_with_the_same_ttl_share_one_etcd_lease() -> None:
 
 async def test_waiters_share_one_watch_and_each_release_wakes_its_own_name() -> None:
     """300 waiters (100 names, three each) in one process: one etcd watch, not
-    300 (their registrations used to be serial and outlast the call timeout),
-    and every waiter gets its lock in turn."""
+    300 (their registrations used to be serial and outlast the call timeout);
+    the first in each name's line waits on it, the other two in the line; and
+    every waiter gets its lock in turn."""
     url = f"{etcd_cluster().url}?prefix=watch{os.getpid()}"
     names = [f"w{i}" for i in range(100)]
     async with LockService.from_url(url) as holders, LockService.from_url(url) as waiters:
@@ -100,11 +102,10 @@ async def test_waiters_share_one_watch_and_each_release_wakes_its_own_name() -> 
         store = waiters.store
         assert isinstance(store, EtcdStore)
         conn = await store._conn()
-        for _ in range(500):  # every waiter registered with the one watch
-            if len(conn.releases.wakeups) == 300:
-                break
-            await asyncio.sleep(0.01)
-        assert len(conn.releases.wakeups) == 300
+        await until(
+            lambda: all(waiters.waiting(name) == 3 for name in names), "every waiter in line"
+        )
+        await until(lambda: len(conn.releases.wakeups) == 100, "the first of each line watching")
         assert len(conn.watcher._callbacks) == 1, "one watch for all the waiters"
         assert await holders.release_each([lock for lock in held if lock is not None]) == [
             True

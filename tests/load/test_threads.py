@@ -15,6 +15,8 @@ import pytest
 
 from tenure import InvalidArgument, LockService, PoolFull, RunOutcome, Scheduler
 
+from ..helpers.until import until
+
 
 def _url() -> str:
     return f"memory://threads-{uuid.uuid4().hex}"
@@ -54,11 +56,7 @@ async def test_run_exclusively_runs_at_most_threads_at_once_and_refuses_past_the
         LockService.from_url(url) as other,
     ):
         runs = [asyncio.ensure_future(locks.run_exclusively(f"job{i}", work)) for i in range(3)]
-        for _ in range(200):  # two on threads, one waiting for a thread
-            if locks.threads.pending == 3:
-                break
-            await asyncio.sleep(0.01)
-        assert locks.threads.pending == 3
+        await until(lambda: locks.threads.pending == 3, "two on threads, one waiting for one")
         with pytest.raises(PoolFull, match=r"threads=2, thread_queue=1"):
             await locks.run_exclusively("job3", work)
         # Refused before its lock was taken.
@@ -88,11 +86,9 @@ async def test_an_occurrence_past_the_schedulers_thread_queue_ends_missed() -> N
             asyncio.ensure_future(scheduler.tasks.run(name, occurrence=occurrence))
             for name in ("a", "b")
         ]
-        for _ in range(200):
-            if scheduler.tasks.threads.pending == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert scheduler.tasks.threads.pending == 2, "one running, one waiting for the thread"
+        await until(
+            lambda: scheduler.tasks.threads.pending == 2, "one running, one waiting for the thread"
+        )
         assert await scheduler.tasks.run("c", occurrence=occurrence) == "skipped"
         gate.set()
         assert await asyncio.gather(*runs) == ["ran", "ran"]

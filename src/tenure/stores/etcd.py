@@ -746,6 +746,16 @@ class EtcdStore(Store):
                 if releases.starting is None or releases.starting.done():
                     releases.starting = asyncio.ensure_future(self._watch_releases(conn, seen))
                 await asyncio.shield(releases.starting)
+            if seen is None:
+                # No acquire of ours saw it held (a waiter whose turn came in
+                # its process's line): look now that the watch runs, so that a
+                # release before it began is not waited for.
+                answer = await self._call(
+                    "Range", "kv", rpc.RangeRequest(key=self._lock_prefix + name.encode())
+                )
+                if not answer.kvs:
+                    return
+                seen = int(answer.header.revision)
             if releases.missed(name, seen):
                 return
             with contextlib.suppress(TimeoutError):
