@@ -23,6 +23,7 @@ from ._aio import is_async, settle
 from ._aio import shielded as _shielded
 from ._threads import THREAD_QUEUE, THREADS, PoolFull, WorkerPool
 from ._tokens import new_token
+from ._unanswered import Unanswered
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer, handover_lease, safety_margin
@@ -219,6 +220,7 @@ class LockService:
         """The threads ``run_exclusively`` runs plain functions on: ``threads`` at
         once, ``thread_queue`` more waiting; past that it raises PoolFull."""
         self._line = Line(waiters)
+        self._unanswered = Unanswered(self._give_back)
         self.store = store
         self.holder = holder if holder is not None else _holder_id()
         self._owns_store = False
@@ -303,6 +305,7 @@ class LockService:
             lock.abandon_in_fork()
         self._held = set()
         self._background = set()
+        self._unanswered.clear()
         self._start_guard = threading.Lock()
         self._forked = True
 
@@ -492,12 +495,12 @@ class LockService:
             self._hooks.emit(Event("acquired", name, self.holder, lock.fencing_token, seconds=took))
 
     async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
-        token = new_token()
+        token = await self._unanswered.token(name)
         sent = time.monotonic()
         try:
             grant = await self.store.acquire(name, token, ttl, self.holder)
-        except asyncio.CancelledError:
-            self._release_abandoned(name, token)
+        except (asyncio.CancelledError, StoreUnavailable):
+            self._unanswered.add(name, token, sent + ttl)
             raise
         return self._granted(name, token, ttl, sent, grant)
 
@@ -511,13 +514,9 @@ class LockService:
         self._renewer.add(lock)
         return lock
 
-    def _release_abandoned(self, name: str, token: str) -> None:
-        """An acquire was cancelled: the store may have granted it before we
-        stopped listening. The token is ours alone, so releasing it is safe."""
-        task = asyncio.ensure_future(self.store.release(name, token))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_ignore_result)
+    async def _give_back(self, name: str, token: str) -> bool:
+        # Through self.store each time: a forked child's service has a store of its own.
+        return await self.store.release(name, token)
 
     async def acquire_each(
         self, names: Sequence[str], *, ttl: float = _validate.DEFAULT_TTL
@@ -543,16 +542,18 @@ class LockService:
         size = self.store.batch_max
         for begin in range(0, len(names), size):
             chunk = [
-                AcquireItem(n, new_token(), ttl, self.holder) for n in names[begin : begin + size]
+                AcquireItem(n, await self._unanswered.token(n), ttl, self.holder)
+                for n in names[begin : begin + size]
             ]
             sent = time.monotonic()
             try:
                 grants = await self.store.acquire_many(chunk)
             except (asyncio.CancelledError, StoreUnavailable) as exc:
                 # The store may have granted some before the answer was lost:
-                # the tokens are ours alone, so giving them back is safe.
+                # the tokens are ours alone, so giving them back is safe (and
+                # a retry reuses those it could not give back).
                 for item in chunk:
-                    self._release_abandoned(item.name, item.token)
+                    self._unanswered.add(item.name, item.token, sent + ttl)
                 for lock in locks:
                     if lock is not None:
                         self._release_in_background(lock)
@@ -749,8 +750,3 @@ def _release_failed(lock: Lock, exc: TenureError) -> None:
     log.warning(
         "releasing lock %r failed; it lapses by itself within %.1f s: %s", lock.name, lock.ttl, exc
     )
-
-
-def _ignore_result(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("releasing an abandoned acquire failed: %s", task.exception())

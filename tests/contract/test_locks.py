@@ -18,6 +18,7 @@ import pytest
 
 from tenure import LockLost, LockService, Outcome, StoreUnavailable, current_lock
 from tenure.renewer import LOST_BY_DEADLINE, LOST_BY_STORE
+from tenure.stores.base import AcquireItem
 
 from ..conftest import StoreKind
 from ..helpers.lapse import lapse
@@ -119,6 +120,26 @@ async def test_fencing_tokens_increase_across_release_and_expiry(locks: LockServ
     assert lock is not None
     fences.append(lock.fencing_token)
     assert fences == sorted(set(fences)), fences
+
+
+async def test_an_acquire_resent_with_the_holders_token_is_granted_again(
+    locks: LockService,
+) -> None:
+    """An acquire whose answer was lost, sent again with its token, is "yours":
+    the same fence; any other token is refused."""
+    store = locks.store
+    token = "r" * 32
+    grant = await store.acquire("resent", token, 2.0, "h")
+    assert grant is not None
+    assert await store.acquire("resent", token, 2.0, "h") == grant
+    assert await store.acquire("resent", "o" * 32, 2.0, "other") is None
+    assert await store.acquire_many([AcquireItem("resent", token, 2.0, "h")]) == [grant]
+    [info] = await store.holders("resent")
+    assert info.fencing_token == grant.fencing_token
+    assert await store.release("resent", token) is True
+    later = await store.acquire("resent", token, 2.0, "h")  # released: a new grant
+    assert later is not None and later.fencing_token > grant.fencing_token
+    assert await store.release("resent", token) is True
 
 
 async def test_stale_release_and_renew_are_no_ops(locks: LockService, other: LockService) -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 
 import pytest
 
 from tenure import LockService, RunOutcome, Scheduler
 
-from ..conftest import StoreKind, postgres_server, redis_server
-from ..faults.proxy import Proxy
+from ..conftest import StoreKind
+from ..helpers.proxied import proxied
 
 
 async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
@@ -75,15 +74,7 @@ async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
     """The store commits the claim, its answer never arrives, the claim is sent
     again: the occurrence is this instance's and runs (it is not lost as
     "claimed elsewhere")."""
-    prefix = f"t{uuid.uuid4().hex[:12]}"
-    if store == "redis":
-        direct = f"{redis_server().url}?prefix={prefix}&socket_timeout=0.5"
-    else:
-        direct = f"{postgres_server().url()}?prefix={prefix}&timeout=0.5"
-    port = int(direct.split("://", 1)[1].split("/")[0].rsplit(":", 1)[1])
-    proxy = Proxy(port)
-    try:
-        through = direct.replace(f":{port}/", f":{proxy.port}/")
+    with proxied(store) as (_, through, proxy):
         async with LockService.from_url(through) as locks:
             scheduler = Scheduler(locks, prune=None)
             ran: list[float] = []
@@ -92,7 +83,9 @@ async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
             async def job() -> None:
                 ran.append(time.time())
 
-            await locks.store.runs("job")  # connected (and tables made) first
+            # Connected, tables made, the claim's script loaded or statement
+            # prepared first: under the mute only the claim itself runs.
+            await locks.store.claim_occurrence("warm-up", 1.0, "warm-up")
             occurrence = float(int(time.time()))
             caplog.set_level(logging.DEBUG, logger="tenure")
             proxy.set_mode("mute")
@@ -112,5 +105,3 @@ async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
             assert scheduler.tasks.counts["claimed_elsewhere"] == 0
             records = await locks.store.runs("job")
             assert [(r.fire_time, r.outcome) for r in records] == [(occurrence, "ran")]
-    finally:
-        proxy.close()

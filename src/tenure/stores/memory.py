@@ -88,7 +88,10 @@ class MemoryStore(Store):
         with self._mutex:
             lease = self._leases.get(name)
             if lease is not None and lease.expires > now:
-                return None
+                if lease.token != token:
+                    return None
+                lease.expires = now + ttl  # resent after its answer was lost: still its own
+                return Grant(lease.fence)
             fence = self._fences.get(name, 0) + 1
             self._fences[name] = fence
             self._leases[name] = _Lease(token, holder, fence, now + ttl, time.time())

@@ -364,9 +364,13 @@ class PostgresStore(Store):
             "VALUES (%s, %s, %s, nextval({fence_literal}),"
             " clock_timestamp() + make_interval(secs => %s), clock_timestamp()) "
             "ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder,"
-            " fence = nextval({fence_literal}), expires = excluded.expires,"
-            " acquired = excluded.acquired "
-            "WHERE l.token IS NULL OR l.expires <= clock_timestamp() "
+            # A live lease of this very token (an acquire resent after its
+            # answer was lost) is granted again: the same fence, renewed.
+            " fence = CASE WHEN l.token = excluded.token AND l.expires > clock_timestamp()"
+            " THEN l.fence ELSE nextval({fence_literal}) END, expires = excluded.expires,"
+            " acquired = CASE WHEN l.token = excluded.token AND l.expires > clock_timestamp()"
+            " THEN l.acquired ELSE excluded.acquired END "
+            "WHERE l.token IS NULL OR l.expires <= clock_timestamp() OR l.token = excluded.token "
             "RETURNING l.fence"
         )
         self._sql_renew = names.render(

@@ -277,10 +277,13 @@ class SQLiteStore(Store):
         # case); only a name without a row needs the INSERT, which reads the
         # fencing floor. Each is a single atomic statement; a contended name
         # costs both, and both change nothing.
+        # A live lease of this very token (an acquire resent after its answer
+        # was lost) is granted again: the same fence, its expiry renewed.
         self._sql_acquire = (
-            f"UPDATE {p}_leases SET token = ?2, holder = ?3, fence = fence + 1,"
-            " expires = ?4 + ?5, acquired = ?6 "
-            "WHERE name = ?1 AND (token IS NULL OR expires <= ?4) RETURNING fence"
+            f"UPDATE {p}_leases SET fence = fence + (token IS NOT ?2 OR expires <= ?4),"
+            " acquired = CASE WHEN token IS ?2 AND expires > ?4 THEN acquired ELSE ?6 END,"
+            " token = ?2, holder = ?3, expires = ?4 + ?5 "
+            "WHERE name = ?1 AND (token IS NULL OR expires <= ?4 OR token = ?2) RETURNING fence"
         )
         self._sql_acquire_new = (
             f"INSERT INTO {p}_leases (name, token, holder, fence, expires, acquired, waiting) "
