@@ -36,6 +36,7 @@ async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
         assert time.monotonic() - started >= 2.5, "the outage lasted past the grace"
         assert outcome == "skipped" and ran == []
         assert scheduler.tasks.counts[RunOutcome.MISSED] == 1
+        await scheduler.tasks.flush_missed(10)  # its record is written once the store is back
         records = await locks.store.runs("nightly")
         assert [(r.fire_time, r.outcome) for r in records] == [(occurrence, "missed")]
         assert records[0].error is not None and "misfire grace" in records[0].error
@@ -49,6 +50,35 @@ async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
         # The next occurrence, with the store back, runs as usual.
         assert await scheduler.tasks.run("nightly", occurrence=occurrence + 60) == "ran"
         assert len(ran) == 1
+
+
+async def test_occurrences_missed_while_the_store_fails_merge_into_one_record(
+    shared_kind: StoreKind, shared_url: str
+) -> None:
+    """Each missed occurrence is counted and told, but a task's misses while its
+    record cannot be written merge into that one record; it is written once the
+    store is back, and a stopping scheduler waits for it."""
+    async with LockService.from_url(shared_url) as locks:
+        scheduler = Scheduler(locks, prune=None, misfire_grace=0.2)
+
+        @scheduler.cron("* * * * *", name="often")
+        async def often() -> None: ...
+
+        await locks.store.runs("often")  # connected (and tables made) before the outage
+        first = float(int(time.time()) // 60 * 60)
+        occurrences = [first + 60 * k for k in range(4)]
+        with shared_kind.outage(locks.store):
+            await asyncio.sleep(0.3)  # every occurrence is past its grace at once
+            outcomes = await asyncio.gather(
+                *(scheduler.tasks.run("often", occurrence=t - 60 * 4) for t in occurrences)
+            )
+        assert outcomes == ["skipped"] * 4
+        counts = scheduler.tasks.counts
+        assert counts[RunOutcome.MISSED] == 4 and counts["missed_merged"] == 3
+        await scheduler.tasks.flush_missed(10)
+        [record] = await locks.store.runs("often")
+        assert record.outcome == "missed" and record.fire_time == occurrences[0] - 240
+        assert record.error is not None and record.error.startswith("missed 4 occurrences from ")
 
 
 async def test_a_manual_run_is_not_retried(shared_kind: StoreKind, shared_url: str) -> None:

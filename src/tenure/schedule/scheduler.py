@@ -172,6 +172,7 @@ class Scheduler:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
             await self._drain()
+            await self.tasks.flush_missed(self.shutdown_timeout)
             self.tasks.threads.shutdown()
             self._loop = self._wake = None
 

@@ -43,6 +43,7 @@ from ..events import Event
 from ..locks import Lock, LockService, Outcome
 from ..stores.base import Claim, RunRecord
 from ._batch import Coalesced
+from ._missed import MissedRecords
 from .cron import CronSchedule
 
 __all__ = ("CurrentRun", "RunOutcome", "ScheduledTask", "ScheduledTaskStore", "current_run")
@@ -68,8 +69,6 @@ class RunOutcome(enum.StrEnum):
 _RETRY_FIRST = 0.05
 _RETRY_MOST = 1.0
 """Pauses between tries of a store call that failed (doubling from the first)."""
-_RECORD_MISSED_FOR = 30.0
-"""Seconds a missed occurrence's record is tried for while the store fails."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +141,9 @@ class ScheduledTaskStore:
         self._orphans: set[asyncio.Task[None]] = set()
         self.counts: collections.Counter[str] = collections.Counter()
         """Runs by outcome (``missed`` among them), plus ``claimed_elsewhere`` for
-        occurrences another instance took."""
+        occurrences another instance took, and ``missed_merged`` for missed
+        occurrences whose record merged into an earlier one of the same task
+        (while the store failed)."""
         size = locks.store.batch_max
         self._claims: Coalesced[Claim, bool] = Coalesced(
             self._claim_batch, size, key=lambda claim: claim[0]
@@ -154,6 +155,9 @@ class ScheduledTaskStore:
             self.locks.release_each, size, key=lambda lock: lock.name
         )
         self._acquires: dict[float | None, Coalesced[str, Lock | None]] = {}
+        self._missed_records = MissedRecords(
+            self._record_batch, first_pause=_RETRY_FIRST, most_pause=_RETRY_MOST
+        )
 
     @property
     def store_calls(self) -> collections.Counter[str]:
@@ -275,13 +279,11 @@ class ScheduledTaskStore:
         occurrence: float | None,
         call: Callable[[], Any],
         what: str,
-        *,
-        within: float | None = None,
     ) -> Any:
         """``await call()``, tried again on StoreUnavailable while ``occurrence`` is
-        within the misfire grace (or ``within`` seconds, if given); then _Missed.
-        A manual run (no occurrence) is not retried: its caller sees the error."""
-        window = self.misfire_grace if within is None else within
+        within the misfire grace; then _Missed. A manual run (no occurrence) is
+        not retried: its caller sees the error."""
+        window = self.misfire_grace
         pause = _RETRY_FIRST
         while True:
             try:
@@ -294,6 +296,10 @@ class ScheduledTaskStore:
                 log.debug("task occurrence %s: %s failed, trying again: %s", occurrence, what, exc)
             await asyncio.sleep(pause)
             pause = min(pause * 2, _RETRY_MOST)
+
+    async def flush_missed(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the records of missed occurrences."""
+        await self._missed_records.flush(timeout)
 
     async def _missed(self, name: str, occurrence: float | None, reason: str) -> None:
         """An occurrence that could not run: counted, told, logged once, recorded if possible."""
@@ -311,14 +317,12 @@ class ScheduledTaskStore:
             outcome=RunOutcome.MISSED,
             error=reason,
         )
-        # The store may be coming back: the record is tried again for a while
-        # (in the occurrence's own task; a stopping scheduler cancels it).
-        try:
-            await self._retried(
-                now, lambda: self._records(record), "recording", within=_RECORD_MISSED_FOR
-            )
-        except (_Missed, TenureError) as exc:
-            log.debug("could not record the missed occurrence of %r: %s", name, exc)
+        # Written by one writer, merged with the task's later misses while the
+        # store fails; this occurrence waits for one attempt, not for success.
+        merged = self._missed_records.merged
+        attempt = self._missed_records.add(record)
+        self.counts["missed_merged"] += self._missed_records.merged - merged
+        await asyncio.shield(attempt)
 
     async def _run(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
         name = task.name

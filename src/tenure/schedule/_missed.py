@@ -1,0 +1,145 @@
+"""Records of missed occurrences: written in batches by one writer, merged per task while unwritten.
+
+While the store fails, every occurrence due misses, and each would otherwise
+keep a coroutine of its own retrying its record: a thousand every-second tasks
+make thousands within a minute. Here a task has at most one unwritten record:
+the occurrences it misses meanwhile merge into it ("missed N occurrences from
+T1 to T2"), and ``merged`` counts them. One writer sends whatever is pending
+in one batch, again and again with a growing pause until the store takes it;
+``flush`` waits for it (a stopping scheduler, for a while).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+from collections.abc import Awaitable, Callable
+
+from ..errors import TenureError
+from ..stores.base import RunRecord
+
+__all__ = ("MissedRecords",)
+
+log = logging.getLogger("tenure")
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    record: RunRecord
+    """The first missed occurrence's record; its run_id names the merged one."""
+    count: int = 1
+    last: float | None = None
+    reason: str = ""
+    ended: float = 0.0
+    version: int = 0
+
+    def merged(self) -> RunRecord:
+        first = self.record
+        if self.count == 1:
+            return first
+        return dataclasses.replace(
+            first,
+            ended=self.ended,
+            error=(
+                f"missed {self.count} occurrences from {_when(first.fire_time)} to "
+                f"{_when(self.last)}; the last: {self.reason}"
+            ),
+        )
+
+
+def _when(fire_time: float | None) -> str:
+    if fire_time is None:
+        return "a manual run"
+    return datetime.datetime.fromtimestamp(fire_time, datetime.UTC).isoformat()
+
+
+class MissedRecords:
+    """Missed occurrences' records on their way to the store, one per task at most."""
+
+    def __init__(
+        self,
+        write: Callable[[list[RunRecord]], Awaitable[object]],
+        *,
+        first_pause: float,
+        most_pause: float,
+    ) -> None:
+        self._write = write
+        self._first_pause = first_pause
+        self._most_pause = most_pause
+        self._pending: dict[str, _Pending] = {}
+        self._writer: asyncio.Task[None] | None = None
+        self._attempt: asyncio.Future[None] | None = None
+        self.merged = 0
+        """Missed occurrences merged into another's record (not written on their own)."""
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, record: RunRecord) -> asyncio.Future[None]:
+        """Queue ``record`` (merged into its task's unwritten one, if any).
+
+        Returns the next write attempt: done when it was tried (it may have
+        failed: the writer tries again by itself).
+        """
+        pending = self._pending.get(record.task)
+        if pending is None:
+            self._pending[record.task] = _Pending(
+                record, last=record.fire_time, reason=record.error or "", ended=record.ended or 0.0
+            )
+        else:
+            pending.count += 1
+            pending.last = record.fire_time
+            pending.reason = record.error or ""
+            pending.ended = record.ended or pending.ended
+            pending.version += 1
+            self.merged += 1
+        if self._attempt is None or self._attempt.done():
+            self._attempt = asyncio.get_running_loop().create_future()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_all())
+        return self._attempt
+
+    async def _write_all(self) -> None:
+        pause = self._first_pause
+        while self._pending:
+            attempt = self._attempt
+            # The next attempt's waiters are those who come from here on.
+            self._attempt = None
+            sent = {task: (p, p.version) for task, p in self._pending.items()}
+            try:
+                await self._write([p.merged() for p, _ in sent.values()])
+            except TenureError as exc:
+                log.debug("could not record %d missed occurrence(s) yet: %s", len(sent), exc)
+                failed = True
+            else:
+                failed = False
+                for task, (p, version) in sent.items():
+                    if self._pending.get(task) is p and p.version == version:
+                        del self._pending[task]  # merged into since: written again
+            finally:
+                if attempt is not None and not attempt.done():
+                    attempt.set_result(None)
+            if failed:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self._most_pause)
+            else:
+                pause = self._first_pause
+
+    async def flush(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for every pending record to be written."""
+        writer = self._writer
+        if writer is None or writer.done():
+            return
+        done, _ = await asyncio.wait((writer,), timeout=timeout)
+        if not done:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            if self._attempt is not None and not self._attempt.done():
+                self._attempt.set_result(None)
+            log.warning(
+                "%d record(s) of missed occurrences could not be written before the "
+                "scheduler stopped (the store kept failing); their events and counts stand",
+                len(self._pending),
+            )
