@@ -69,8 +69,12 @@ async def test_occurrences_missed_while_the_store_fails_merge_into_one_record(
         occurrences = [first + 60 * k for k in range(4)]
         with shared_kind.outage(locks.store):
             await asyncio.sleep(0.3)  # every occurrence is past its grace at once
+            # Latest first: the record still starts at the earliest miss.
             outcomes = await asyncio.gather(
-                *(scheduler.tasks.run("often", occurrence=t - 60 * 4) for t in occurrences)
+                *(
+                    scheduler.tasks.run("often", occurrence=t - 60 * 4)
+                    for t in reversed(occurrences)
+                )
             )
         assert outcomes == ["skipped"] * 4
         counts = scheduler.tasks.counts

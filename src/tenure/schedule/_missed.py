@@ -30,7 +30,9 @@ class _Pending:
     record: RunRecord
     """The first missed occurrence's record; its run_id names the merged one."""
     count: int = 1
-    last: float | None = None
+    earliest: float | None = None
+    latest: float | None = None
+    """The merged occurrences' fire times span these (they miss in any order)."""
     reason: str = ""
     ended: float = 0.0
     version: int = 0
@@ -41,12 +43,23 @@ class _Pending:
             return first
         return dataclasses.replace(
             first,
+            fire_time=self.earliest,
             ended=self.ended,
             error=(
-                f"missed {self.count} occurrences from {_when(first.fire_time)} to "
-                f"{_when(self.last)}; the last: {self.reason}"
+                f"missed {self.count} occurrences from {_when(self.earliest)} to "
+                f"{_when(self.latest)}; the last: {self.reason}"
             ),
         )
+
+    def add(self, record: RunRecord) -> None:
+        self.count += 1
+        fire_time = record.fire_time
+        if fire_time is not None:
+            self.earliest = fire_time if self.earliest is None else min(self.earliest, fire_time)
+            self.latest = fire_time if self.latest is None else max(self.latest, fire_time)
+        self.reason = record.error or ""
+        self.ended = record.ended or self.ended
+        self.version += 1
 
 
 def _when(fire_time: float | None) -> str:
@@ -86,14 +99,14 @@ class MissedRecords:
         pending = self._pending.get(record.task)
         if pending is None:
             self._pending[record.task] = _Pending(
-                record, last=record.fire_time, reason=record.error or "", ended=record.ended or 0.0
+                record,
+                earliest=record.fire_time,
+                latest=record.fire_time,
+                reason=record.error or "",
+                ended=record.ended or 0.0,
             )
         else:
-            pending.count += 1
-            pending.last = record.fire_time
-            pending.reason = record.error or ""
-            pending.ended = record.ended or pending.ended
-            pending.version += 1
+            pending.add(record)
             self.merged += 1
         if self._attempt is None or self._attempt.done():
             self._attempt = asyncio.get_running_loop().create_future()
