@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tenure import LockService
+from tenure.stores._presence import presence_name
 
 from .helpers.cli_app import make
 from .helpers.procs import ROOT
@@ -85,12 +86,16 @@ async def test_the_api_serves_holders_and_tasks_without_tokens(web: tuple[str, s
     async with LockService.from_url(url) as locks:
         lock = await locks.acquire("nightly-report", ttl=30)
         assert lock is not None
-        await make(locks).tasks.run("cli.tick", occurrence=60.0)
+        tasks = make(locks).tasks
+        await tasks.run("cli.tick", occurrence=60.0)
+        assert await tasks.presence.ready(10)
         raw = await asyncio.to_thread(lambda: urllib.request.urlopen(page + "api/state").read())
         await lock.release()
     state = json.loads(raw)
-    [holder] = state["holders"]
+    # The lock, and the presence lease of the instance that ran the task.
+    holder, presence = state["holders"]
     assert holder["name"] == "nightly-report" and holder["fencing_token"] == lock.fencing_token
+    assert presence["name"] == presence_name(locks.holder)
     [task] = state["tasks"]
     assert task["task"] == "cli.tick" and task["expression"] == "* * * * * *"
     assert task["recent"][0]["outcome"] == "ran"

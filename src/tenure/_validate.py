@@ -61,17 +61,17 @@ def _number(value: object, what: str) -> float:
     return float(value)
 
 
-def check_ttl(ttl: object) -> float:
+def check_ttl(ttl: object, what: str = "ttl") -> float:
     if ttl.__class__ is float and MIN_TTL <= ttl < math.inf:  # the common case, quickly
         return ttl
-    seconds = _number(ttl, "ttl")
+    seconds = _number(ttl, what)
     if math.isnan(seconds) or math.isinf(seconds):
-        raise InvalidArgument(f"ttl must be finite, got {ttl!r}")
+        raise InvalidArgument(f"{what} must be finite, got {ttl!r}")
     if seconds <= 0:
-        raise InvalidArgument(f"ttl must be positive, got {ttl!r}")
+        raise InvalidArgument(f"{what} must be positive, got {ttl!r}")
     if seconds < MIN_TTL:
         raise InvalidArgument(
-            f"ttl {ttl!r} is too short for the renewer to keep the lock alive; "
+            f"{what} {ttl!r} is too short for the renewer to keep the lock alive; "
             f"the minimum is {MIN_TTL} s"
         )
     return seconds

@@ -320,6 +320,11 @@ class LockService:
             self._renewer = Renewer(self.store, self._renewal_failed)
             self._forked = False
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: nothing can be acquired any more."""
+        return self._closed
+
     async def close(self) -> None:
         """Release every lock still held, stop the renewer, close an owned store."""
         if self._closed:

@@ -98,7 +98,8 @@ h1 { font-size: 1.3em; margin: 0 0 .2em; } h2 { font-size: 1.1em; margin: 1.4em 
 table { border-collapse: collapse; min-width: 40em; }
 th, td { text-align: left; padding: .25em .8em .25em 0; border-bottom: 1px solid #ddd; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.ran { color: #17663a; } .skipped { color: #7a6500; } .failed, .lost { color: #b00020; }
+.ran { color: #17663a; } .skipped { color: #7a6500; }
+.failed, .lost, .missed, .abandoned { color: #b00020; }
 .muted { color: #777; }
 </style></head>
 <body>

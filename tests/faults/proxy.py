@@ -122,6 +122,6 @@ def _send(writer: asyncio.StreamWriter, chunk: bytes) -> None:
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with an RST (SO_LINGER 0), as a peer that vanished would."""
     sock = writer.get_extra_info("socket")
-    if sock is not None:
+    if sock is not None and sock.fileno() != -1:  # not closed by its peer meanwhile
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()

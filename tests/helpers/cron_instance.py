@@ -2,7 +2,7 @@
 
     python cron_instance.py URL WORK_SECONDS
 
-Runs the task ``job`` every second (TTL 1 s); each run prints
+Runs the task ``job`` every second (TTL 1 s, presence lease 1 s); each run prints
 ``{"started": fire_time}`` and then works for WORK_SECONDS.
 """
 
@@ -17,7 +17,8 @@ from tenure import LockService, Scheduler
 
 async def main(url: str, work: float) -> None:
     async with LockService.from_url(url) as locks:
-        scheduler = Scheduler(locks, prune=None)
+        # A short presence: the test sees a killed instance's run abandoned soon.
+        scheduler = Scheduler(locks, prune=None, presence_ttl=1)
 
         @scheduler.cron("* * * * * *", name="job", ttl=1)
         async def job() -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from tenure import LockService
+from tenure import LockService, Scheduler
 
 from ..helpers.procs import HELPERS, ROOT
 
@@ -114,9 +114,24 @@ async def test_sigkill_of_the_running_instance_lets_another_take_the_next_occurr
             r.instance == b_holder and r.outcome in ("ran", "running") and r.started < killed
             for r in records
         ), "b ran nothing while a held the lock"
-        assert any(r.instance == a_holder and r.outcome == "running" for r in records), (
-            "a died mid-run: its record still says running"
-        )
+        # a's run, and any occurrence a was in the middle of skipping when killed.
+        dead = {r.run_id for r in records if r.instance == a_holder and r.ended is None}
+        assert dead, "a died mid-run: its record was never closed"
+        async with LockService.from_url(url) as locks:
+            for _ in range(100):  # a's presence lease (1 s) may not have run out yet
+                found = [r for r in await locks.store.runs("job", 100) if r.run_id in dead]
+                if all(r.outcome != "running" for r in found):
+                    break
+                await asyncio.sleep(0.1)
+            assert {r.outcome for r in found} == {"abandoned"}, found
+            assert all(f"its instance {a_holder} stopped" in (r.error or "") for r in found)
+            # The prune task stores the outcome (b is alive: its runs are left alone).
+            scheduler = Scheduler(locks, prune=None)
+            scheduler.add(lambda: None, "* * * * *", name="job")
+            assert await scheduler.tasks.store_abandoned() == len(dead)
+            stored = [r for r in await locks.store.stored_runs("job", 100) if r.run_id in dead]
+        assert {r.outcome for r in stored} == {"abandoned"}
+        assert all(r.ended is not None and r.ended >= killed for r in stored)
     finally:
         for proc in (a, b):
             if proc is not None and proc.poll() is None:

@@ -23,9 +23,13 @@ Defaults, on purpose:
 * **Stop: wait, then cancel.** ``stop()`` stops firing, waits up to
   ``shutdown_timeout`` seconds for running tasks, then cancels them; their
   locks are released as they unwind.
+* **A dead instance's runs: abandoned after 15 s.** While it runs tasks, an
+  instance holds a presence lease (``presence_ttl``); a record that still says
+  ``running`` once that lease has run out reads ``abandoned``.
 * **Maintenance.** The built-in task ``tenure.prune`` (every 10 minutes,
-  ``prune=None`` turns it off) removes expired leases and old run records
-  through the same mechanism, so it too runs once per occurrence.
+  ``prune=None`` turns it off) stores the ``abandoned`` outcomes it finds, and
+  removes expired leases and old run records, through the same mechanism, so
+  it too runs once per occurrence.
 
 The loop sleeps until the earliest fire time of all tasks, at most a second
 at a time so that a step of the injected clock is noticed promptly: a
@@ -47,6 +51,7 @@ from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from ..errors import InvalidArgument, LockLost, TenureError
 from ..events import Event
 from ..locks import LockService
+from ..stores._presence import PRESENCE_TTL
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
 
 __all__ = ("Scheduler",)
@@ -60,6 +65,8 @@ MAX_SLEEP = 1.0
 SKEW_WARNING = 1.0
 """Seconds of clock skew against the store past which the scheduler (and ``tenure
 doctor``) warns."""
+PRESENCE_READY = 2.0
+"""Seconds ``serve()`` waits for the presence lease before its first tick."""
 SKEW_CHECK = 300.0
 """Seconds between two measurements of this instance's clock against the store's."""
 
@@ -88,6 +95,7 @@ class Scheduler:
         skew_warning: float = SKEW_WARNING,
         threads: int = THREADS,
         thread_queue: int = THREAD_QUEUE,
+        presence_ttl: float = PRESENCE_TTL,
     ) -> None:
         if not isinstance(locks, LockService):
             raise InvalidArgument(f"Scheduler needs a LockService, got {type(locks).__name__}")
@@ -109,6 +117,7 @@ class Scheduler:
             listener=listener,
             misfire_grace=self.misfire_grace,
             threads=WorkerPool(threads, thread_queue, name="tenure-task"),
+            presence_ttl=presence_ttl,
         )
         if prune is not None:
             self.tasks.add(self._prune, prune, name=PRUNE_TASK)
@@ -148,8 +157,9 @@ class Scheduler:
         return self.tasks.add(fn, expr, name=name, ttl=ttl, tz=tz, exclusive=exclusive)
 
     async def _prune(self) -> None:
+        abandoned = await self.tasks.store_abandoned()
         removed = await self.locks.store.prune(keep_runs=self.tasks.keep_runs)
-        log.debug("tenure.prune removed %d entries", removed)
+        log.debug("tenure.prune stored %d abandoned runs, removed %d entries", abandoned, removed)
 
     def stop(self) -> None:
         """Stop firing; ``serve()`` then waits for running tasks and returns. Any thread."""
@@ -165,6 +175,9 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self.locks.start()
+        # Held before the first run's record is written, or soon after when the
+        # store is out of reach now (the runs do not wait for it).
+        await self.tasks.presence.ready(PRESENCE_READY)
         watching = asyncio.ensure_future(self._watch_skew())
         try:
             await self._timer_loop()

@@ -41,9 +41,11 @@ from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from ..events import Event
 from ..locks import Lock, LockService, Outcome
+from ..stores._presence import PRESENCE_TTL, abandoned, live_instances
 from ..stores.base import Claim, RunRecord
 from ._batch import Coalesced
 from ._missed import MissedRecords
+from ._presence import presence_of
 from .cron import CronSchedule
 
 __all__ = ("CurrentRun", "RunOutcome", "ScheduledTask", "ScheduledTaskStore", "current_run")
@@ -64,6 +66,9 @@ class RunOutcome(enum.StrEnum):
     LOST = "lost"
     MISSED = "missed"
     """It could not run: the store failed for longer than the misfire grace."""
+    ABANDONED = "abandoned"
+    """Its instance died while it ran (read from a ``running`` record whose
+    instance's presence lease is gone; stored so by the prune task)."""
 
 
 _RETRY_FIRST = 0.05
@@ -125,10 +130,15 @@ class ScheduledTaskStore:
         listener: Callable[[str, float | None, str], None] | None = None,
         misfire_grace: float = 30.0,
         threads: WorkerPool | None = None,
+        presence_ttl: float = PRESENCE_TTL,
     ) -> None:
         if not isinstance(keep_runs, int) or keep_runs < 1:
             raise InvalidArgument(f"keep_runs must be a positive int, got {keep_runs!r}")
+        presence_ttl = check_ttl(presence_ttl, "presence_ttl")
         self.locks = locks
+        self.presence = presence_of(locks, presence_ttl)
+        """This instance's presence lease: while it is live, its runs' records
+        that say ``running`` are running; once it lapses they read ``abandoned``."""
         self.clock = clock
         self.keep_runs = keep_runs
         self.misfire_grace = misfire_grace
@@ -297,6 +307,22 @@ class ScheduledTaskStore:
             await asyncio.sleep(pause)
             pause = min(pause * 2, _RETRY_MOST)
 
+    async def store_abandoned(self) -> int:
+        """Store ``abandoned`` as the outcome of every run record that reads so
+        (its instance's presence lease is gone) among the newest ``keep_runs``
+        of each registered task; returns how many were stored."""
+        store = self.locks.store
+        everything = await store.stored_runs(None, self.keep_runs * max(len(self._tasks), 1))
+        running = [r for r in everything if r.outcome == RunOutcome.RUNNING]
+        if not running:
+            return 0
+        gone = [
+            record
+            for record in abandoned(running, await live_instances(store), seen=self.clock())
+            if record.outcome == RunOutcome.ABANDONED
+        ]
+        return await store.store_abandoned(gone) if gone else 0
+
     async def flush_missed(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the records of missed occurrences."""
         await self._missed_records.flush(timeout)
@@ -326,6 +352,7 @@ class ScheduledTaskStore:
 
     async def _run(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
         name = task.name
+        self.presence.keep()
         if occurrence is not None and task.exclusive:
             # This run's own claimant: its retries are "yours", and any other
             # run of the occurrence, even from this instance, is "elsewhere".

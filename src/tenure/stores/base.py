@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from ._gate import Gate
+from ._presence import RUNNING, abandoned, live_instances
 
 __all__ = (
     "AcquireItem",
@@ -128,7 +129,9 @@ class RunRecord:
     ended: float | None
     outcome: str
     """``running``, then ``ran``, ``skipped`` (still held by an earlier run),
-    ``failed`` (the task raised) or ``lost`` (its lock was lost under it)."""
+    ``failed`` (the task raised), ``lost`` (its lock was lost under it),
+    ``missed`` (it could not run) or ``abandoned`` (its instance died while it
+    ran: see :meth:`Store.runs`)."""
     error: str | None = None
 
     def row(self) -> tuple[str, str, float | None, str, float, float | None, str, str | None]:
@@ -312,9 +315,30 @@ class Store(ABC):
         for record in records:
             await self.record_run(record, keep=keep)
 
-    @abstractmethod
     async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
-        """The newest run records, of one task or of all, newest first."""
+        """The newest run records, of one task or of all, newest first.
+
+        A record that says ``running`` reads ``abandoned`` once its instance's
+        presence lease is no longer live (``stores._presence``): one call more,
+        made only when a record says ``running``.
+        """
+        records = await self.stored_runs(task, limit)
+        if not any(record.outcome == RUNNING for record in records):
+            return records
+        return abandoned(records, await live_instances(self))
+
+    @abstractmethod
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        """:meth:`runs` as stored: a record says ``running`` until it is written again."""
+
+    @abstractmethod
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        """Write each of ``records`` (outcome ``abandoned``) where the stored
+        record of its run_id still says ``running``; returns how many were.
+
+        Each record is its own compare-and-set: a run's own final record,
+        written meanwhile, is never overwritten.
+        """
 
     @abstractmethod
     async def prune(self, *, keep_runs: int) -> int:

@@ -76,6 +76,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import check_pool_max, number
+from ._presence import RUNNING
 from ._waiters import Wakeups
 from .base import AcquireItem, Claim, Grant, LeaseInfo, ReleaseItem, RenewItem, RunRecord, Store
 
@@ -955,7 +956,33 @@ class EtcdStore(Store):
         await self._delete_keys(extra)
         return len(extra)
 
-    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        # Rare (the prune task, for dead instances' runs): a read, then a put
+        # on the condition that the key did not change since.
+        written = 0
+        for record in records:
+            key = self._run_key(record)
+            found = await self._call("Range", "kv", rpc.RangeRequest(key=key))
+            if not found.kvs or json.loads(found.kvs[0].value)[6] != RUNNING:
+                continue
+            answer = await self._call(
+                "Txn",
+                "kv",
+                rpc.TxnRequest(
+                    compare=[_is(key, "MOD", mod_revision=found.kvs[0].mod_revision)],
+                    success=[
+                        rpc.RequestOp(
+                            request_put=rpc.PutRequest(
+                                key=key, value=json.dumps(record.row()).encode()
+                            )
+                        )
+                    ],
+                ),
+            )
+            written += bool(answer.succeeded)
+        return written
+
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         start = self._run_prefix if task is None else self._run_task_prefix(task)
         request = rpc.RangeRequest(key=start, range_end=_prefix_end(start))
         if task is not None:  # keys sort by start time within one task

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from .._aio import settle, woken_within
 from ..errors import ConfigurationError
+from ._presence import RUNNING
 from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("MemoryStore",)
@@ -190,11 +191,21 @@ class MemoryStore(Store):
             for old in mine[keep:]:
                 del self._runs[old.run_id]
 
-    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         with self._mutex:
             chosen = [r for r in self._runs.values() if task is None or r.task == task]
         chosen.sort(key=lambda r: r.started, reverse=True)
         return chosen[:limit]
+
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        written = 0
+        with self._mutex:
+            for record in records:
+                stored = self._runs.get(record.run_id)
+                if stored is not None and stored.outcome == RUNNING:
+                    self._runs[record.run_id] = record
+                    written += 1
+        return written
 
     async def prune(self, *, keep_runs: int) -> int:
         now = time.monotonic()

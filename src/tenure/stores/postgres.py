@@ -93,6 +93,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
+from ._presence import RUNNING
 from .base import (
     AcquireItem,
     Claim,
@@ -431,6 +432,10 @@ class PostgresStore(Store):
         self._sql_trim = names.render(
             "DELETE FROM {runs} WHERE task = %(task)s AND started < (SELECT started FROM {runs}"
             " WHERE task = %(task)s ORDER BY started DESC LIMIT 1 OFFSET %(skip)s)"
+        )
+        self._sql_abandon = names.render(
+            "UPDATE {runs} SET ended = %s, outcome = %s, error = %s"
+            f" WHERE run_id = %s AND outcome = '{RUNNING}' RETURNING 1"
         )
         columns = "run_id, task, fire_time, instance, started, ended, outcome, error"
         self._sql_runs_all = names.render(
@@ -925,7 +930,13 @@ class PostgresStore(Store):
         ended = sorted({r.task for r in records if r.ended is not None})
         await self._query_each(self._sql_trim, [{"task": task, "skip": keep - 1} for task in ended])
 
-    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        answers = await self._query_each(
+            self._sql_abandon, [(r.ended, r.outcome, r.error, r.run_id) for r in records]
+        )
+        return sum(len(rows) for rows in answers)
+
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         if task is None:
             rows = await self._query(self._sql_runs_all, (limit,))
         else:

@@ -113,7 +113,7 @@ _QUEUE_LIFE = 1.0
 """Seconds a waiter's queue entry lives unless the waiter calls again (it calls
 every third of that): how long a dead waiter can stay queued."""
 
-_SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record")
+_SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record", "abandon")
 _GRANTING = ("acquire", "enlist", "release")
 """The scripts that start with _grant.lua's grant()."""
 
@@ -997,7 +997,16 @@ class RedisStore(Store):
         names: Any = await self._call("smembers", f"{{{self.prefix}:tasks}}")
         return [name.decode() for name in names]
 
-    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        answers = await self._scripts(
+            [
+                ("abandon", (self._runs_keys(r.task)[0],), (r.run_id, json.dumps(r.row())))
+                for r in records
+            ]
+        )
+        return sum(int(answer) for answer in answers)
+
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         try:
             if task is None:
                 tasks = await self._task_names()

@@ -81,6 +81,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ConfigurationError, StoreUnavailable
+from ._presence import RUNNING
 from .base import (
     AcquireItem,
     Claim,
@@ -769,7 +770,23 @@ class SQLiteStore(Store):
                 (record.task, keep - 1),
             )
 
-    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        sql = (
+            f"UPDATE {self.prefix}_runs SET ended = ?, outcome = ?, error = ?"
+            " WHERE run_id = ? AND outcome = ?"
+        )
+        written = 0
+        with self._transaction():
+            cur = self._cursor()
+            for record in records:
+                params = (record.ended, record.outcome, record.error, record.run_id, RUNNING)
+                try:
+                    written += cur.execute(sql, params).rowcount
+                except sqlite3.Error as exc:
+                    raise self._failed(exc) from exc
+        return written
+
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         p = self.prefix
         columns = "run_id, task, fire_time, instance, started, ended, outcome, error"
         if task is None:
