@@ -76,6 +76,10 @@ def test_other_bad_arguments(scheduler: Scheduler, locks: LockService) -> None:
         Scheduler(locks, misfire_grace=-1)
     with pytest.raises(InvalidArgument, match="keep_runs"):
         Scheduler(locks, keep_runs=0)
+    with pytest.raises(InvalidArgument, match="presence_ttl must be positive, got 0"):
+        Scheduler(locks, presence_ttl=0)
+    with pytest.raises(InvalidArgument, match="presence_ttl must be a number"):
+        Scheduler(locks, presence_ttl="15")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="no task named 'missing'"):
         scheduler.tasks["missing"]
 
