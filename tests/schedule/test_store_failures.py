@@ -26,6 +26,8 @@ async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
             ran.append(time.time())
 
         await locks.store.runs("nightly")  # connected (and tables made) before the outage
+        # This instance's presence lease taken before it too (serve() takes it first).
+        assert await scheduler.tasks.presence.ready(10)
         occurrence = float(int(time.time()))
         caplog.set_level(logging.DEBUG, logger="tenure")
         started = time.monotonic()
@@ -65,6 +67,7 @@ async def test_occurrences_missed_while_the_store_fails_merge_into_one_record(
         async def often() -> None: ...
 
         await locks.store.runs("often")  # connected (and tables made) before the outage
+        assert await scheduler.tasks.presence.ready(10)  # taken before it too
         first = float(int(time.time()) // 60 * 60)
         occurrences = [first + 60 * k for k in range(4)]
         with shared_kind.outage(locks.store):
@@ -96,6 +99,7 @@ async def test_a_manual_run_is_not_retried(shared_kind: StoreKind, shared_url: s
         async def by_hand() -> None: ...
 
         await locks.store.runs("by-hand")
+        assert await scheduler.tasks.presence.ready(10)  # taken before the outage
         with shared_kind.outage(locks.store), pytest.raises(StoreUnavailable):
             await scheduler.tasks.run("by-hand")
         assert scheduler.tasks.counts[RunOutcome.MISSED] == 0
@@ -120,6 +124,7 @@ async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
             # Connected, tables made, the claim's script loaded or statement
             # prepared first: under the mute only the claim itself runs.
             await locks.store.claim_occurrence("warm-up", 1.0, "warm-up")
+            assert await scheduler.tasks.presence.ready(10)
             occurrence = float(int(time.time()))
             caplog.set_level(logging.DEBUG, logger="tenure")
             proxy.set_mode("mute")
