@@ -8,13 +8,19 @@ where the store does not grant on release, the waiter's acquire.
 
     python bench/handoff.py [--n 200] [--url URL]     (default: a temporary SQLite file)
     python bench/handoff.py --redis                    (a throwaway redis-server)
-    python bench/handoff.py --postgres                 (a throwaway PostgreSQL cluster)
+    python bench/handoff.py --postgres [--fsync]       (a throwaway PostgreSQL cluster)
     python bench/handoff.py --etcd                     (a throwaway three-member etcd cluster)
 
 On Redis, python-redis-lock (whose waiters block in BLPOP) is measured the same
 way in the same run, in alternating rounds (``--rounds``, the order swapped
 each round), so that a noisy host weighs on both alike; the ratio of the two
 medians is printed per round.
+
+On PostgreSQL the floor is measured the same way: one durable commit that
+notifies (an ``UPDATE ... pg_notify``) and its NOTIFY's arrival at a process
+that LISTENs, timed from just before the commit to the arrival; that is what a
+release that grants the lock to the waiter costs at least. ``--fsync`` runs the
+server with ``fsync=on`` (production's setting; the tests' server has it off).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -79,6 +86,40 @@ def peer_holder(url: str, n: int, pipe: Connection) -> list[float]:
     return latencies
 
 
+def floor_listener(url: str, n: int, pipe: Connection) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("LISTEN handoff_floor")
+        pipe.send("ready")
+        for _ in conn.notifies(stop_after=n):
+            pipe.send(time.monotonic_ns())
+
+
+def run_floor(url: str, n: int) -> list[float]:
+    """A durable commit with a NOTIFY, to its arrival at a LISTENing process, ms."""
+    import psycopg
+
+    latencies: list[float] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS handoff_floor (id int PRIMARY KEY, v bigint)")
+        conn.execute("INSERT INTO handoff_floor VALUES (1, 0) ON CONFLICT DO NOTHING")
+        ours, theirs = mp.get_context("spawn").Pipe()
+        proc = mp.get_context("spawn").Process(target=floor_listener, args=(url, n, theirs))
+        proc.start()
+        assert ours.recv() == "ready"
+        for _ in range(n):
+            time.sleep(0.005)
+            sent = time.monotonic_ns()
+            conn.execute(
+                "UPDATE handoff_floor SET v = v + 1 WHERE id = 1"
+                " RETURNING pg_notify('handoff_floor', '')"
+            )
+            latencies.append((ours.recv() - sent) / 1e6)
+        proc.join()
+    return latencies
+
+
 def report(label: str, latencies: list[float]) -> None:
     latencies = sorted(latencies)
 
@@ -118,6 +159,7 @@ def main() -> None:
     parser.add_argument(
         "--etcd", action="store_true", help="start a throwaway etcd cluster (the tests')"
     )
+    parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
     args = parser.parse_args()
     if args.redis or args.postgres or args.etcd:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -128,7 +170,7 @@ def main() -> None:
             server = RedisServer()
             url = server.url
         elif args.postgres:
-            server = PostgresServer()
+            server = PostgresServer(fsync=args.fsync)
             url = server.url()
         else:
             server = EtcdCluster()
@@ -164,27 +206,38 @@ def run_peer(url: str, n: int) -> list[float]:
 
 def measure(url: str, n: int, rounds: int) -> None:
     scheme = url.split(":", maxsplit=1)[0]
+    if url.startswith(("postgres://", "postgresql://")):
+        against(url, n, rounds, run_floor, "durable commit + NOTIFY")
+        return
     if not url.startswith(("redis://", "rediss://", "unix://")):
         print(f"handoff to a waiting process on {scheme}, {n} handoffs:")
         report("tenure", run_tenure(url, n))
         return
+    against(url, n, rounds, run_peer, "python-redis-lock (BLPOP)")
+
+
+def against(
+    url: str, n: int, rounds: int, other: Callable[[str, int], list[float]], label: str
+) -> None:
+    """tenure's handoff and ``other``'s in alternating rounds, the order swapped each round."""
+    scheme = url.split(":", maxsplit=1)[0]
     per_round = max(1, n // rounds)
     ours: list[float] = []
     theirs: list[float] = []
     ratios: list[float] = []
     for i in range(rounds):
         if i % 2:
-            peer, mine = run_peer(url, per_round), run_tenure(url, per_round)
+            peer, mine = other(url, per_round), run_tenure(url, per_round)
         else:
-            mine, peer = run_tenure(url, per_round), run_peer(url, per_round)
+            mine, peer = run_tenure(url, per_round), other(url, per_round)
         ours += mine
         theirs += peer
         ratios.append(statistics.median(mine) / statistics.median(peer))
     print(f"handoff to a waiting process on {scheme}, {rounds} alternating rounds of {per_round}:")
     report("tenure", ours)
-    report("python-redis-lock (BLPOP)", theirs)
+    report(label, theirs)
     shown = " ".join(f"{r:.2f}" for r in ratios)
-    print(f"  tenure / python-redis-lock, median per round: {shown}")
+    print(f"  tenure / {label}, median per round: {shown}")
     print(f"  (median of the rounds: {statistics.median(ratios):.2f}x)")
 
 

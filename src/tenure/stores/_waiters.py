@@ -16,14 +16,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import weakref
+from collections.abc import Hashable
+from typing import Generic, TypeVar
 
 from .._validate import check_count
 from ..errors import TenureError
 
-__all__ = ("WAITERS", "Line", "WaitQueueFull", "Wakeups")
+__all__ = ("QUEUE_LIFE", "WAITERS", "Line", "WaitQueueFull", "Wakeups")
+
+K = TypeVar("K", bound=Hashable)
 
 WAITERS = 1000
 """Callers that may wait for one name in one LockService at once, by default."""
+
+QUEUE_LIFE = 1.0
+"""Seconds a waiter's entry in a store's queue (the waiter a release hands the
+lease to) lives unless the waiter calls again, which it does every third of
+that: how long a dead waiter can stay queued."""
 
 
 class WaitQueueFull(TenureError):
@@ -95,33 +104,41 @@ class Line:
             del lines[name]
 
 
-class Wakeups:
-    """Waiters on one event loop, each an ``asyncio.Event``, keyed by name."""
+class Wakeups(Generic[K]):
+    """Waiters on one event loop, keyed by name (or channel): each is a future
+    that the next wake-up of its key settles (``woken_within`` waits on it)."""
 
     def __init__(self) -> None:
-        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._waiting: dict[K, set[asyncio.Future[None]]] = {}
 
-    def add(self, name: str) -> asyncio.Event:
-        event = asyncio.Event()
-        self._waiting.setdefault(name, set()).add(event)
-        return event
+    def add(self, key: K, instead_of: asyncio.Future[None] | None = None) -> asyncio.Future[None]:
+        """A new wake-up future for ``key`` (replacing ``instead_of``, a spent one)."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(key, set())
+        waiting.add(woken)
+        if instead_of is not None:
+            waiting.discard(instead_of)
+        return woken
 
-    def remove(self, name: str, event: asyncio.Event) -> None:
-        waiting = self._waiting.get(name)
+    def remove(self, key: K, woken: asyncio.Future[None]) -> None:
+        waiting = self._waiting.get(key)
         if waiting is not None:
-            waiting.discard(event)
+            waiting.discard(woken)
             if not waiting:
-                del self._waiting[name]
+                del self._waiting[key]
 
-    def wake(self, name: str) -> None:
-        for event in self._waiting.get(name, ()):
-            event.set()
+    def wake(self, key: K) -> None:
+        for woken in self._waiting.get(key, ()):
+            if not woken.done():
+                woken.set_result(None)
 
     def wake_all(self) -> None:
         """The stream failed: every waiter looks again (a spurious wake-up)."""
-        for waiting in self._waiting.values():
-            for event in waiting:
-                event.set()
+        for key in list(self._waiting):
+            self.wake(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._waiting
 
     def __len__(self) -> int:
         return sum(len(waiting) for waiting in self._waiting.values())

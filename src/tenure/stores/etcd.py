@@ -72,6 +72,7 @@ from aetcd.exceptions import RevisionCompactedError
 from aetcd.rtypes import Event, EventKind
 from aetcd.watcher import Watcher
 
+from .._aio import woken_within
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
@@ -161,7 +162,7 @@ class _Releases:
     to this loop's waiters by name (``wait_released``)."""
 
     def __init__(self) -> None:
-        self.wakeups = Wakeups()
+        self.wakeups: Wakeups[str] = Wakeups()
         self.watching = False
         self.since = 0
         """The revision the watch started from: every deletion from it on is seen."""
@@ -759,8 +760,7 @@ class EtcdStore(Store):
                 seen = int(answer.header.revision)
             if releases.missed(name, seen):
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), timeout)
+            await woken_within(woken, timeout)
         finally:
             releases.wakeups.remove(name, woken)
 

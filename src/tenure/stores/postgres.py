@@ -44,17 +44,24 @@ How it stays correct
 * **No session state.** No advisory locks, no ``SET``; schema creation takes a
   transaction-scoped advisory lock only. Acquire, renew and release therefore
   work through PgBouncer in transaction pooling mode (``pooler=transaction``).
-* **Waiters are notified.** A waiter counts itself on the lease row (in the
-  statement that reads the lease's remaining time), and a release that finds
-  the count above zero runs ``pg_notify`` on the channel ``<prefix>_released``
-  with the lock's name; a release nobody waits for pays no NOTIFY. Each store
+* **Grant on release.** A waiter that finds the lock held queues itself on
+  the lease row (``next_*`` columns: its id, token, holder, the hand-over
+  lease, and an entry that lapses after ``QUEUE_LIFE`` unless it calls again,
+  every third of that), in the one statement that would have granted it a free
+  lock. One waiter per name is queued; the others wait their turn. The release
+  statement hands the lease straight to the queued waiter (a fresh fence, the
+  short hand-over lease its renewer extends at once) and NOTIFYs the channel
+  ``<prefix>_released`` with a note naming that waiter; the waiter holds the
+  lock when its store's LISTEN connection reads the note: one commit per
+  handoff, not two. The note also wakes the other waiters of the name, one of
+  which queues next. (``wait_released`` callers count themselves on the row
+  instead and are woken by the bare name.) A release nobody waits for pays
+  no NOTIFY. Each store
   keeps one LISTEN connection (opened at the first wait, a plain session
-  connection: never a transaction pooler's) and wakes its waiters by name; a
-  waiter also wakes when the current lease expires. A waiter killed while
-  waiting leaves its count behind, which only costs later releases of that
-  name a needless NOTIFY. Behind a transaction pooler without
-  ``listen_url``, waiters re-check at the lease's expiry and at least every
-  half second.
+  connection: never a transaction pooler's); a waiter also wakes when the
+  current lease expires. Behind a transaction pooler without ``listen_url``,
+  waiters call again at the lease's expiry and at least every third of
+  ``QUEUE_LIFE``, and a handed-over lease is found by that call.
 * **Failures.** A statement that gets no answer within ``timeout`` has its
   connection shut down (so the pool replaces it) and raises StoreUnavailable;
   a pooled connection that the server closed (a restart) is replaced and the
@@ -89,16 +96,19 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._aio import shielded, woken_within
+from .._tokens import new_token
 from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
 from ._presence import RUNNING
+from ._waiters import QUEUE_LIFE, Wakeups
 from .base import (
     AcquireItem,
     Claim,
     Finding,
     Grant,
+    HandedOver,
     LeaseInfo,
     ReleaseItem,
     RenewItem,
@@ -112,7 +122,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("tenure.stores.postgres")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PRUNE_AFTER = "10 minutes"
 """How long after its expiry a lease row may be pruned (see the module docstring)."""
 _POLL_WITHOUT_LISTEN = 0.5
@@ -217,7 +227,14 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    fence bigint NOT NULL,\n"
         "    expires timestamptz NOT NULL,\n"
         "    acquired timestamptz NOT NULL,\n"
-        "    waiters integer NOT NULL DEFAULT 0\n"
+        "    waiters integer NOT NULL DEFAULT 0,\n"
+        # The waiter a release hands the lease to (see acquire_waiting).
+        "    next_waiter text,\n"
+        "    next_token text,\n"
+        "    next_holder text,\n"
+        "    next_lease double precision,\n"
+        "    next_since timestamptz,\n"
+        "    next_until timestamptz\n"
         ");\n"
         "CREATE TABLE IF NOT EXISTS {claims} (\n"
         "    task text PRIMARY KEY,\n"
@@ -357,7 +374,9 @@ class PostgresStore(Store):
         self._pool_guard: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
         self._listen_guard: asyncio.Lock | None = None
-        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+        self._waiting: Wakeups[str] = Wakeups()
+        self._handed: dict[str, asyncio.Future[tuple[int, int]]] = {}
+        """The queued waiters of this store, by waiter id: set by a hand-over note."""
         self._closed = False
 
         self._sql_acquire = names.render(
@@ -381,13 +400,99 @@ class PostgresStore(Store):
             "WHERE l.name = b.name AND l.token = b.token AND l.expires > clock_timestamp() "
             "RETURNING b.i"
         )
-        # The row keeps its expiry, so RETURNING still sees whether it was live.
-        # NOTIFY (a queue write and a global lock at commit) only when waiters
-        # registered on the row; CASE evaluates pg_notify only then.
+        # Frees the lease, or hands it to the waiter queued next (a fresh fence,
+        # the short hand-over lease), in one statement. The queue is read from
+        # the row being updated (``l``): PostgreSQL re-evaluates the SET on
+        # the row's latest version when a concurrent update came first, but
+        # not a CTE's columns. The CTE, locked first, only says whether the
+        # lease was live and whether waiters counted themselves. The row keeps
+        # the waiter's id and call time (next_until NULL: no longer queued) for
+        # the hand-over note "<name>\t<waiter>\t<fence>\t<ms since the waiter
+        # last called>"; the bare name wakes waiters counted on the row. NOTIFY
+        # (a queue write and a global lock at commit) only when someone waits.
+        handing = "(l.next_until > statement_timestamp())"
         self._sql_release = names.render(
-            "UPDATE {leases} SET token = NULL, holder = NULL WHERE name = %s AND token = %s "
-            "RETURNING expires > clock_timestamp(),"
-            " CASE WHEN waiters > 0 THEN pg_notify(%s, name)::text END"
+            "WITH old AS (SELECT name, expires > clock_timestamp() AS live,"
+            " waiters > 0 AS watched"
+            " FROM {leases} WHERE name = %s AND token = %s FOR UPDATE) "
+            f"UPDATE {{leases}} AS l SET token = CASE WHEN {handing} THEN l.next_token END,"
+            f" holder = CASE WHEN {handing} THEN l.next_holder END,"
+            f" fence = CASE WHEN {handing} THEN nextval({{fence_literal}}) ELSE l.fence END,"
+            f" expires = CASE WHEN {handing}"
+            " THEN statement_timestamp() + make_interval(secs => l.next_lease) ELSE l.expires END,"
+            f" acquired = CASE WHEN {handing} THEN statement_timestamp() ELSE l.acquired END,"
+            f" next_waiter = CASE WHEN {handing} THEN l.next_waiter END,"
+            f" next_since = CASE WHEN {handing} THEN l.next_since END,"
+            " next_token = NULL, next_holder = NULL, next_lease = NULL, next_until = NULL "
+            "FROM old WHERE l.name = old.name "
+            "RETURNING old.live, CASE"
+            " WHEN l.next_waiter IS NOT NULL THEN pg_notify(%s, concat_ws(E'\\t', l.name,"
+            " l.next_waiter, l.fence,"
+            " (extract(epoch FROM statement_timestamp() - l.next_since) * 1000)::bigint))::text"
+            " WHEN old.watched THEN pg_notify(%s, l.name)::text END"
+        )
+        # A waiter's acquire: granted when the lease is free (as _sql_acquire),
+        # already its own when a release handed it over; else the waiter is
+        # queued next unless another live waiter is (its entry lives for
+        # ``life`` seconds; the waiter calls again before then). One time
+        # (statement_timestamp) for every test of the row, so that they agree.
+        free = "(l.token IS NULL OR l.expires <= statement_timestamp())"
+        mine = "(l.token = excluded.token)"
+        open_ = (
+            "(l.next_until IS NULL OR l.next_until <= statement_timestamp()"
+            " OR l.next_waiter = %(waiter)s)"
+        )
+
+        def queue(column: str, value: str) -> str:
+            return (
+                f" {column} = CASE WHEN {free} THEN CASE WHEN l.next_waiter = %(waiter)s"
+                f" THEN NULL ELSE l.{column} END WHEN {mine} THEN l.{column}"
+                f" WHEN {open_} THEN {value} ELSE l.{column} END"
+            )
+
+        def grant(column: str, value: str) -> str:
+            return f" {column} = CASE WHEN {free} THEN {value} ELSE l.{column} END"
+
+        self._sql_enlist = names.render(
+            "INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired) "
+            "VALUES (%(name)s, %(token)s, %(holder)s, nextval({fence_literal}),"
+            " statement_timestamp() + make_interval(secs => %(ttl)s), statement_timestamp()) "
+            "ON CONFLICT (name) DO UPDATE SET"
+            + grant("token", "excluded.token")
+            + ","
+            + grant("holder", "excluded.holder")
+            + ","
+            + grant("fence", "nextval({fence_literal})")
+            + ","
+            + grant("expires", "excluded.expires")
+            + ","
+            + grant("acquired", "excluded.acquired")
+            + ","
+            + queue("next_waiter", "%(waiter)s")
+            + ","
+            + queue("next_token", "excluded.token")
+            + ","
+            + queue("next_holder", "excluded.holder")
+            + ","
+            + queue("next_lease", "%(handover)s")
+            + ","
+            + queue("next_since", "statement_timestamp()")
+            + ","
+            + queue("next_until", "statement_timestamp() + make_interval(secs => %(life)s)")
+            + " RETURNING CASE WHEN l.token = %(token)s THEN 1"
+            " WHEN l.next_waiter = %(waiter)s THEN 0 ELSE -1 END, l.fence,"
+            " (extract(epoch FROM l.expires - clock_timestamp()) * 1000)::bigint"
+        )
+        # A waiter gives up: out of the queue; the lease, if a release handed
+        # it over meanwhile (RETURNING sees the row's latest version).
+        self._sql_withdraw = names.render(
+            "UPDATE {leases} AS l SET"
+            " next_waiter = CASE WHEN l.next_waiter = %(waiter)s THEN NULL ELSE l.next_waiter END,"
+            " next_until = CASE WHEN l.next_waiter = %(waiter)s THEN NULL ELSE l.next_until END "
+            "WHERE l.name = %(name)s "
+            "RETURNING CASE WHEN l.token = %(token)s AND l.expires > clock_timestamp()"
+            " THEN l.fence END,"
+            " (extract(epoch FROM l.expires - clock_timestamp()) * 1000)::bigint"
         )
         self._sql_live_grant = names.render(
             "SELECT token, holder, fence, extract(epoch FROM expires - clock_timestamp())::float8,"
@@ -446,7 +551,8 @@ class PostgresStore(Store):
         )
         self._sql_prune = names.render(
             "WITH gone AS (DELETE FROM {leases}"
-            f" WHERE expires < clock_timestamp() - interval '{PRUNE_AFTER}' RETURNING 1),"
+            f" WHERE expires < clock_timestamp() - interval '{PRUNE_AFTER}'"
+            " AND (next_until IS NULL OR next_until < clock_timestamp()) RETURNING 1),"
             " old AS (DELETE FROM {runs} WHERE run_id IN (SELECT run_id FROM (SELECT run_id,"
             " row_number() OVER (PARTITION BY task ORDER BY started DESC) AS n FROM {runs}) AS x"
             " WHERE n > %s) RETURNING 1) "
@@ -778,7 +884,8 @@ class PostgresStore(Store):
         return results
 
     async def release(self, name: str, token: str) -> bool:
-        rows = await self._query(self._sql_release, (name, token, self._names.channel))
+        channel = self._names.channel
+        rows = await self._query(self._sql_release, (name, token, channel, channel))
         return bool(rows and rows[0][0])
 
     async def server_time(self) -> float | None:
@@ -825,8 +932,7 @@ class PostgresStore(Store):
             if remaining is not None:
                 await asyncio.sleep(min(timeout, remaining, _POLL_WITHOUT_LISTEN))
             return
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(name, set()).add(woken)
+        woken = self._waiting.add(name)
         try:
             # Listening (LISTEN confirmed by the server) first, then register
             # and look at the lease: a release in between cannot be missed.
@@ -842,11 +948,86 @@ class PostgresStore(Store):
                 with contextlib.suppress(StoreUnavailable):
                     await shielded(self._query(self._sql_unwait, (name,)))
         finally:
-            waiters = self._waiting.get(name)
-            if waiters is not None:
-                waiters.discard(woken)
-                if not waiters:
-                    del self._waiting[name]
+            self._waiting.remove(name, woken)
+
+    grants_on_release: ClassVar[bool] = True
+
+    async def acquire_waiting(
+        self, name: str, token: str, ttl: float, holder: str, *, timeout: float, handover: float
+    ) -> HandedOver | None:
+        waiter = new_token()[:16]  # public: it names this waiter in the hand-over note
+        params = {
+            "name": name,
+            "token": token,
+            "holder": holder,
+            "ttl": ttl,
+            "waiter": waiter,
+            "life": QUEUE_LIFE,
+            "handover": handover,
+        }
+        deadline = time.monotonic() + timeout
+        handed: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+        self._handed[waiter] = handed
+        woken: asyncio.Future[None] | None = None
+        queued_at: float | None = None
+        """When the last call that left this waiter queued was sent."""
+        called = False
+        try:
+            if self.listen_url is not None:
+                await self._ensure_listening()  # first: no note after our call is missed
+            while not handed.done():
+                woken = self._waiting.add(name, instead_of=woken)
+                sent = time.monotonic()
+                called = True
+                code, fence, left_ms = (await self._query(self._sql_enlist, params))[0]
+                if code == 1:  # free, or handed over already (its note may be on the way)
+                    return HandedOver(Grant(fence), sent, max(left_ms, 0) / 1000)
+                if code == 0:
+                    queued_at = sent
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # Woken by any release of the name, by the lease's expiry (a
+                # crashed holder), and in time to keep the queue entry alive
+                # (or, not queued, to queue once the entry before has lapsed).
+                wake = min(left, max(left_ms, 1) / 1000, QUEUE_LIFE / 3)
+                if self.listen_url is None:
+                    wake = min(wake, _POLL_WITHOUT_LISTEN)
+                await woken_within(woken, wake)
+            if handed.done() and queued_at is not None:
+                # The note's since counts from our last call that kept us
+                # queued or later, so queued_at + since is no later than the grant.
+                fence, since = handed.result()
+                return HandedOver(Grant(fence), queued_at + since / 1000, handover)
+            if queued_at is None:
+                return None
+            # Out of time: leave the queue; a lease handed over meanwhile is kept.
+            sent = time.monotonic()
+            [(fence, left_ms)] = await self._query(self._sql_withdraw, params)
+            return None if fence is None else HandedOver(Grant(fence), sent, left_ms / 1000)
+        except BaseException:
+            if called:
+                # Cancelled or failed with a call in flight or an entry queued:
+                # the store may have queued us or handed us the lease.
+                task = asyncio.ensure_future(self._abandon(params))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise
+        finally:
+            del self._handed[waiter]
+            if woken is not None:
+                self._waiting.remove(name, woken)
+
+    async def _abandon(self, params: dict[str, Any]) -> None:
+        """Withdraw a waiter that gave up abnormally, and release what it may have been handed."""
+        try:
+            rows = await self._query(self._sql_withdraw, params)
+            if rows and rows[0][0] is not None:
+                await self.release(params["name"], params["token"])
+        except StoreUnavailable as exc:
+            # Lapses by itself: the queue entry within QUEUE_LIFE, a
+            # handed-over lease within its short hand-over lease.
+            log.debug("could not withdraw an abandoned waiter of %r: %s", params["name"], exc)
 
     async def _ensure_listening(self) -> None:
         if self._listener is not None and not self._listener.done():
@@ -873,21 +1054,23 @@ class PostgresStore(Store):
             self._listener = asyncio.ensure_future(self._listen(conn))
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Read the LISTEN connection and wake the waiters of each released name."""
+        """Read the LISTEN connection and wake the waiters of each released name;
+        a hand-over note also tells its waiter the grant (see ``_sql_release``)."""
         try:
             async for note in conn.notifies():
-                for woken in self._waiting.get(note.payload, ()):
-                    if not woken.done():
-                        woken.set_result(None)
+                name, *handed = note.payload.split("\t")
+                if handed:
+                    waiter, fence, since = handed
+                    granted = self._handed.get(waiter)
+                    if granted is not None and not granted.done():
+                        granted.set_result((int(fence), int(since)))
+                self._waiting.wake(name)
         except psycopg.Error as exc:
             log.debug("the PostgreSQL LISTEN connection failed, waiters re-check: %s", exc)
         finally:
             # Whatever ended it, every waiter wakes to re-check; the next wait
             # opens a new connection.
-            for waiters in self._waiting.values():
-                for woken in waiters:
-                    if not woken.done():
-                        woken.set_result(None)
+            self._waiting.wake_all()
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(conn.close())
 
@@ -921,7 +1104,7 @@ class PostgresStore(Store):
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         channel = self._names.channel
         answers = await self._query_each(
-            self._sql_release, [(name, token, channel) for name, token in items]
+            self._sql_release, [(name, token, channel, channel) for name, token in items]
         )
         return [bool(rows and rows[0][0]) for rows in answers]
 
@@ -1007,7 +1190,8 @@ class _BlockingPostgresStore(PostgresStore):
         return Grant(rows[0][0]) if rows else None
 
     def release_now(self, name: str, token: str) -> bool:
-        rows = self._query_now(self._sql_release, (name, token, self._names.channel))
+        channel = self._names.channel
+        rows = self._query_now(self._sql_release, (name, token, channel, channel))
         return bool(rows and rows[0][0])
 
     def _query_now(self, query: str, params: Sequence[Any]) -> list[Any]:

@@ -28,7 +28,7 @@ connection; a timed-out one is not.
   a few seconds after its last waiter left.
 * Grant on release: one waiter per lock queues itself (``...:next``, with its
   token) in the script that finds the lock held, and calls again every third
-  of ``_QUEUE_LIFE`` to keep its entry alive. The release script hands the
+  of ``QUEUE_LIFE`` to keep its entry alive. The release script hands the
   lease straight to it and pushes a note onto ``...:handed``, on which the
   waiter blocks in ``BLPOP``: it holds the lock as soon as it reads the note,
   with no round trip of its own. The handed-over lease is short
@@ -85,6 +85,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
+from ._waiters import QUEUE_LIFE, Wakeups
 from .base import (
     AcquireItem,
     Claim,
@@ -108,10 +109,6 @@ log = logging.getLogger("tenure.stores.redis")
 
 _UNSUBSCRIBE_AFTER = 5.0
 """Seconds a release channel stays subscribed after its last waiter left."""
-
-_QUEUE_LIFE = 1.0
-"""Seconds a waiter's queue entry lives unless the waiter calls again (it calls
-every third of that): how long a dead waiter can stay queued."""
 
 _SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record", "abandon")
 _GRANTING = ("acquire", "enlist", "release")
@@ -267,7 +264,7 @@ class RedisStore(Store):
         self._subscribing: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
         self._confirmed: dict[bytes, asyncio.Event] = {}
-        self._waiting: dict[bytes, set[asyncio.Future[None]]] = {}
+        self._waiting: Wakeups[bytes] = Wakeups()
         self._withdrawing: set[asyncio.Task[None]] = set()
         self._poppers: list[Any] = []
         """Idle connections that queued waiters BLPOP on (single server)."""
@@ -575,7 +572,7 @@ class RedisStore(Store):
 
     async def wait_released(self, name: str, timeout: float) -> None:
         channel = self._channel(name).encode()
-        woken = self._wake_up(channel)
+        woken = self._waiting.add(channel)
         try:
             if not await self._subscribed(channel, timeout):
                 return
@@ -600,7 +597,7 @@ class RedisStore(Store):
             max(1, round(ttl * 1000)),
             holder,
             waiter,
-            round(_QUEUE_LIFE * 1000),
+            round(QUEUE_LIFE * 1000),
             max(1, round(handover * 1000)),
         )
         mine = waiter.encode() + b"|"
@@ -628,7 +625,7 @@ class RedisStore(Store):
                     # Queued: the release hands us the lease; we call again
                     # before our entry lapses.
                     queued_at = sent
-                    wake = min(wake, _QUEUE_LIFE / 3)
+                    wake = min(wake, QUEUE_LIFE / 3)
                 if answer[0] == 0 and self._popping < self.pool_max:
                     # The release notes the hand-over on the list we BLPOP.
                     note = await self._pop(handed, wake)
@@ -646,12 +643,12 @@ class RedisStore(Store):
                 elif woken is None or channel not in self._confirmed:
                     # Another waiter is queued: wake on any release, and look
                     # again once subscribed (a release may have come between).
-                    woken = self._wake_up(channel, instead_of=woken)
+                    woken = self._waiting.add(channel, instead_of=woken)
                     if not await self._subscribed(channel, left):
                         break
                 else:
                     await woken_within(woken, wake)
-                    woken = self._wake_up(channel, instead_of=woken)
+                    woken = self._waiting.add(channel, instead_of=woken)
             if queued_at is None:
                 return None
             # Out of time: leave the queue; a lease handed over meanwhile is kept.
@@ -718,28 +715,14 @@ class RedisStore(Store):
             await self._script("withdraw", (keys[0], keys[2]), (token, waiter))
             await self.release(name, token)
         except StoreUnavailable as exc:
-            # Lapses by itself: the queue entry within _QUEUE_LIFE, a
+            # Lapses by itself: the queue entry within QUEUE_LIFE, a
             # handed-over lease within its short hand-over lease.
             log.debug("could not withdraw an abandoned waiter of %r: %s", name, exc)
 
-    def _wake_up(
-        self, channel: bytes, instead_of: asyncio.Future[None] | None = None
-    ) -> asyncio.Future[None]:
-        """A new wake-up future for a waiter on ``channel``, settled by the next release."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiting.setdefault(channel, set())
-        waiters.add(woken)
-        if instead_of is not None:
-            waiters.discard(instead_of)
-        return woken
-
     def _forget_wake_up(self, channel: bytes, woken: asyncio.Future[None]) -> None:
-        waiters = self._waiting.get(channel)
-        if waiters is not None:
-            waiters.discard(woken)
-            if not waiters:
-                del self._waiting[channel]
-                self._unsubscribe(channel)
+        self._waiting.remove(channel, woken)
+        if channel not in self._waiting:
+            self._unsubscribe(channel)
 
     async def _subscribed(self, channel: bytes, timeout: float) -> bool:
         """Subscribe to ``channel`` and wait for the server's confirmation; False on timeout.
@@ -809,9 +792,7 @@ class RedisStore(Store):
                     if confirmed is not None:
                         confirmed.set()
                 elif message["type"] == "message":
-                    for woken in self._waiting.get(channel, ()):
-                        if not woken.done():
-                            woken.set_result(None)
+                    self._waiting.wake(channel)
         except _DRIVER_ERRORS as exc:
             log.debug("the Redis pub/sub connection failed, waiters re-check: %s", exc)
         finally:
@@ -820,10 +801,7 @@ class RedisStore(Store):
             if self._pubsub is pubsub:
                 self._pubsub = None
                 self._confirmed.clear()
-            for waiters in self._waiting.values():
-                for woken in waiters:
-                    if not woken.done():
-                        woken.set_result(None)
+            self._waiting.wake_all()
             with contextlib.suppress(*_DRIVER_ERRORS):
                 await asyncio.shield(pubsub.aclose())
 

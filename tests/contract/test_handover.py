@@ -1,9 +1,11 @@
-"""Redis grant on release: the release script hands the lock to the queued waiter.
+"""Grant on release: the release hands the lock to the waiter queued next.
 
-The waiter that finds the lock held queues itself (``{prefix:name}:next``); the
-holder's release grants the lease to it in the same script and notes that on
-``{prefix:name}:handed``, which the waiter reads with BLPOP. These tests watch
-the keys with a plain client of their own, on a single server and on a cluster.
+The waiter that finds the lock held queues itself in the store; the holder's
+release grants the lease to it in the same atomic step (Redis: one script;
+PostgreSQL: one statement) and sends it a note (Redis: a list it BLPOPs;
+PostgreSQL: a NOTIFY its store's LISTEN connection reads), so the new holder
+needs no round trip of its own. These tests watch the store with a plain
+client of their own (``Peek``), on every store that grants on release.
 """
 
 from __future__ import annotations
@@ -11,17 +13,18 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import psycopg
 import pytest
 import redis
 
 from tenure import Lock, LockService
 from tenure.renewer import handover_lease, safety_margin
-from tenure.stores.redis import RedisStore
+from tenure.stores import Store, from_url
 
 from ..conftest import STORES
 from ..helpers.procs import Worker
@@ -31,9 +34,34 @@ TTL = 30.0
 """Long on purpose: every hand-over here must happen in far less than a TTL."""
 
 
-class Keys:
-    """A plain client on the store's server, and the keys of one lock."""
+class Peek:
+    """What the store says of one lock, read with a plain client of the test's own."""
 
+    def holder(self) -> str | None:
+        """The holder id of the live lease."""
+        raise NotImplementedError
+
+    def fence(self) -> int:
+        raise NotImplementedError
+
+    def queued(self) -> str | None:
+        """The holder id of the waiter queued next, if one is (and its entry is live)."""
+        raise NotImplementedError
+
+    def pttl(self) -> int:
+        """Milliseconds left of the lease; negative when there is none."""
+        raise NotImplementedError
+
+    def note_unread(self) -> bool | None:
+        """Whether a hand-over note waits unread; None where the store cannot tell
+        (a NOTIFY is pushed to the listener's socket at once)."""
+        return None
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class RedisPeek(Peek):
     def __init__(self, url: str, name: str) -> None:
         parts = urlsplit(url)
         query = parse_qs(parts.query)
@@ -52,26 +80,87 @@ class Keys:
         return int(self.client.hget(self.lease, "fence"))
 
     def queued(self) -> str | None:
-        """The holder id of the waiter queued next, if one is."""
         value = self.client.hget(self.next, "holder")
         return None if value is None else str(value.decode())
 
     def pttl(self) -> int:
         return int(self.client.pttl(self.lease))
 
+    def note_unread(self) -> bool | None:
+        return bool(self.client.llen(self.handed) == 1)
 
-@pytest.fixture(params=["redis", "redis-cluster"])
+    def close(self) -> None:
+        self.client.close()
+
+
+class PostgresPeek(Peek):
+    def __init__(self, url: str, name: str) -> None:
+        parts = urlsplit(url)
+        self.table = f"{parse_qs(parts.query)['prefix'][0]}_leases"
+        self.conn = psycopg.connect(parts._replace(query="").geturl(), autocommit=True)
+        self.name = name
+
+    def _one(self, column: str) -> Any:
+        row = self.conn.execute(
+            f"SELECT {column} FROM {self.table} WHERE name = %s", (self.name,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def holder(self) -> str | None:
+        return self._text(
+            "CASE WHEN token IS NOT NULL AND expires > clock_timestamp() THEN holder END"
+        )
+
+    def _text(self, column: str) -> str | None:
+        value = self._one(column)
+        return None if value is None else str(value)
+
+    def fence(self) -> int:
+        return int(self._one("fence"))
+
+    def queued(self) -> str | None:
+        return self._text("CASE WHEN next_until > clock_timestamp() THEN next_holder END")
+
+    def pttl(self) -> int:
+        left = self._one(
+            "CASE WHEN token IS NOT NULL THEN"
+            " (extract(epoch FROM expires - clock_timestamp()) * 1000)::bigint END"
+        )
+        return -2 if left is None or left <= 0 else int(left)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+GRANTING = ["redis", "redis-cluster", "postgres"]
+
+
+@pytest.fixture(params=GRANTING)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return STORES[request.param].make_url(tmp_path)
 
 
 @pytest.fixture
-def raw(url: str) -> Iterator[Any]:
+def peek(url: str) -> Iterator[Callable[[str], Peek]]:
+    """``peek(name)``: a Peek at lock ``name`` on the test's store, closed after the test."""
+    made: list[Peek] = []
+
+    def make(name: str) -> Peek:
+        made.append(PostgresPeek(url, name) if url.startswith("postgres") else RedisPeek(url, name))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+@pytest.fixture
+async def raw(url: str) -> AsyncIterator[Store]:
     """A blocking store: its acquire and release are plain calls, which never
     let the test's event loop run in between (the waiter cannot act meanwhile)."""
-    store = RedisStore.from_url(url).for_blocking()
+    store = from_url(url).for_blocking()
     yield store
-    store._blocking.close()  # type: ignore[attr-defined]
+    await store.aclose()
 
 
 async def until(check: Any, timeout: float = 5.0) -> None:
@@ -86,7 +175,7 @@ HELD = "t" * 32
 
 
 async def queued_waiter(
-    raw: Any, keys: Keys, locks: LockService, name: str, wait: float = 10.0
+    raw: Store, keys: Peek, locks: LockService, name: str, wait: float = 10.0
 ) -> asyncio.Future[Lock | None]:
     """``name`` held by a raw grant, and an acquire of ``locks`` queued for it."""
     assert raw.acquire_now(name, HELD, TTL, "raw-holder") is not None
@@ -95,8 +184,10 @@ async def queued_waiter(
     return waiting
 
 
-async def test_a_release_hands_the_lock_to_the_queued_waiter(url: str, raw: Any) -> None:
-    keys = Keys(url, "h")
+async def test_a_release_hands_the_lock_to_the_queued_waiter(
+    url: str, raw: Store, peek: Callable[[str], Peek]
+) -> None:
+    keys = peek("h")
     async with LockService.from_url(url) as locks:
         waiting = await queued_waiter(raw, keys, locks, "h")
         before = keys.fence()
@@ -116,8 +207,10 @@ async def test_a_release_hands_the_lock_to_the_queued_waiter(url: str, raw: Any)
         assert keys.holder() is None
 
 
-async def test_waiters_take_turns_in_the_queue(url: str, raw: Any) -> None:
-    keys = Keys(url, "turns")
+async def test_waiters_take_turns_in_the_queue(
+    url: str, raw: Store, peek: Callable[[str], Peek]
+) -> None:
+    keys = peek("turns")
     assert raw.acquire_now("turns", HELD, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as first, LockService.from_url(url) as second:
         a = asyncio.ensure_future(first.acquire("turns", ttl=TTL, wait=10))
@@ -137,8 +230,10 @@ async def test_waiters_take_turns_in_the_queue(url: str, raw: Any) -> None:
         await lock_b.release()
 
 
-async def test_a_waiter_that_times_out_leaves_the_queue(url: str, raw: Any) -> None:
-    keys = Keys(url, "late")
+async def test_a_waiter_that_times_out_leaves_the_queue(
+    url: str, raw: Store, peek: Callable[[str], Peek]
+) -> None:
+    keys = peek("late")
     async with LockService.from_url(url) as locks:
         started = time.monotonic()
         waiting = await queued_waiter(raw, keys, locks, "late", wait=0.5)
@@ -149,8 +244,10 @@ async def test_a_waiter_that_times_out_leaves_the_queue(url: str, raw: Any) -> N
         assert keys.holder() is None, "nobody was queued: nothing was handed over"
 
 
-async def test_a_cancelled_waiter_leaves_the_queue(url: str, raw: Any) -> None:
-    keys = Keys(url, "gone")
+async def test_a_cancelled_waiter_leaves_the_queue(
+    url: str, raw: Store, peek: Callable[[str], Peek]
+) -> None:
+    keys = peek("gone")
     async with LockService.from_url(url) as locks:
         waiting = await queued_waiter(raw, keys, locks, "gone")
         waiting.cancel()
@@ -162,9 +259,9 @@ async def test_a_cancelled_waiter_leaves_the_queue(url: str, raw: Any) -> None:
 
 
 async def test_a_waiter_cancelled_after_the_hand_over_gives_the_lock_back(
-    url: str, raw: Any
+    url: str, raw: Store, peek: Callable[[str], Peek]
 ) -> None:
-    keys = Keys(url, "given")
+    keys = peek("given")
     async with LockService.from_url(url) as locks, LockService.from_url(url) as third:
         waiting = await queued_waiter(raw, keys, locks, "given")
         raw.release_now("given", HELD)
@@ -188,12 +285,13 @@ def worker(url: str) -> Iterator[Worker]:
 
 @pytest.mark.parametrize("deadline", ["passed", "ahead"])
 async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
-    url: str, raw: Any, worker: Worker, deadline: str
+    url: str, raw: Store, worker: Worker, deadline: str, peek: Callable[[str], Peek]
 ) -> None:
-    """SIGSTOPped while queued, past its BLPOP's timeout: the hand-over note
-    waits on the list unread, and on waking the waiter finds the lease is its
-    own, by its wait running out (withdraw) or by its next call (enlist)."""
-    keys = Keys(url, "paused")
+    """SIGSTOPped while queued, past its wait's timeout: the hand-over note
+    waits unread (Redis: on the list; PostgreSQL: in the socket), and on waking
+    the waiter finds the lease is its own, by the note, by its wait running out
+    (withdraw) or by its next call (enlist)."""
+    keys = peek("paused")
     wait = 1.0 if deadline == "passed" else 20.0
     started = time.monotonic()
     stopped, handed_fence = await stop_across_a_hand_over(keys, raw, worker, wait)
@@ -212,13 +310,13 @@ async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
 
 
 async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
-    url: str, raw: Any, worker: Worker
+    url: str, raw: Store, worker: Worker, peek: Callable[[str], Peek]
 ) -> None:
     """Woken after the hand-over lease stopped being trusted locally (its safety
     margin) but while the store still has it: the waiter must not return that
     grant (C9: never a lock it may not have); it gives it back and takes a
     fresh one."""
-    keys = Keys(url, "stale")
+    keys = peek("stale")
     _, handed_fence = await stop_across_a_hand_over(keys, raw, worker, 20.0, "stale")
     handed = time.monotonic()
     trusted_until = handed + handover_lease(TTL) - safety_margin(TTL)
@@ -234,7 +332,7 @@ async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
 
 
 async def stop_across_a_hand_over(
-    keys: Keys, raw: Any, worker: Worker, wait: float, name: str = "paused"
+    keys: Peek, raw: Store, worker: Worker, wait: float, name: str = "paused"
 ) -> tuple[float, int]:
     """Queue the worker, SIGSTOP it, hand it the lock; when it stopped, and the fence."""
     assert raw.acquire_now(name, HELD, TTL, "raw-holder") is not None
@@ -245,14 +343,15 @@ async def stop_across_a_hand_over(
     await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
     assert raw.release_now(name, HELD) is True
     assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
-    assert keys.client.llen(keys.handed) == 1, "the note waits unread"
+    unread = keys.note_unread()
+    assert unread is None or unread, "the note waits unread"
     return stopped, keys.fence()
 
 
 async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
-    url: str, raw: Any, worker: Worker
+    url: str, raw: Store, worker: Worker, peek: Callable[[str], Peek]
 ) -> None:
-    keys = Keys(url, "dead")
+    keys = peek("dead")
     ttl = 10.0
     assert raw.acquire_now("dead", HELD, ttl, "raw-holder") is not None
     worker.send(f"acquire dead {ttl} 30")
@@ -270,12 +369,14 @@ async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
         await lock.release()
 
 
-async def test_a_forced_release_hands_the_lock_to_the_queued_waiter(url: str) -> None:
+async def test_a_forced_release_hands_the_lock_to_the_queued_waiter(
+    url: str, peek: Callable[[str], Peek]
+) -> None:
     async with LockService.from_url(url) as stuck, LockService.from_url(url) as waiter:
         lock = await stuck.acquire("forced", ttl=2)
         assert lock is not None
         waiting = asyncio.ensure_future(waiter.acquire("forced", ttl=TTL, wait=20))
-        keys = Keys(url, "forced")
+        keys = peek("forced")
         await until(lambda: keys.queued() == waiter.holder)
         done = await asyncio.to_thread(
             tenure, "release", "forced", "--force", "--yes", "--url", url
