@@ -667,22 +667,22 @@ class LockService:
         self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         work = asyncio.ensure_future(fn(*args, **kwargs))
         lost: asyncio.Future[None] = loop.create_future()
+        # The loss cancels the work; our own cancellation reaches it through
+        # the await (and waits for it to unwind). No asyncio.wait: its waiter
+        # and callbacks cost a scheduler's tick a thousand times over.
+        lost.add_done_callback(lambda _: work.cancel())
         watch = _LossWatch(lock, loop, lost)
         try:
-            await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
+            await work
         except asyncio.CancelledError:
-            watch.stop()
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
+            if lost.done() and (me is None or not me.cancelling()):
+                raise lock.loss_error() from None
             raise
-        watch.stop()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-            raise lock.loss_error()
-        work.result()
+        finally:
+            watch.stop()
         if lock.lost:
             raise lock.loss_error()
 

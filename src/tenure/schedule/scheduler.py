@@ -44,7 +44,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
@@ -237,10 +237,14 @@ class Scheduler:
             # run what fell due before it was up (no backfill).
             heap.append((task.schedule.next_after(start), task.name))
         heapq.heapify(heap)
+        due: list[tuple[str, float]] = []
         while not self._stopping and heap:
             now = self.clock()
             fire, name = heap[0]
             if fire > now:
+                if due:  # every occurrence due now is in: start them as one batch
+                    self._spawn(self._start_due(due))
+                    due = []
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(fire - now, MAX_SLEEP))
@@ -253,7 +257,7 @@ class Scheduler:
                 latest = task.schedule.latest_at_or_before(now)
                 following = task.schedule.next_after(latest)
             if now - latest <= self.misfire_grace:
-                self._spawn(name, latest)
+                due.append((name, latest))
             else:
                 log.info(
                     "task %r: occurrence %s missed by %.1f s, beyond the misfire grace",
@@ -262,31 +266,49 @@ class Scheduler:
                     now - latest,
                 )
             heapq.heapreplace(heap, (following, name))
+        if due:
+            self._spawn(self._start_due(due))
 
-    def _spawn(self, name: str, occurrence: float) -> None:
-        run = asyncio.ensure_future(self._fire(name, occurrence))
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        run = asyncio.ensure_future(work)
         self._running.add(run)
         run.add_done_callback(self._running.discard)
 
-    async def _fire(self, name: str, occurrence: float) -> None:
+    async def _start_due(self, due: list[tuple[str, float]]) -> None:
+        """Claim one tick's occurrences together; each one won runs as a task of its own."""
         try:
-            await self.tasks.run(name, occurrence=occurrence)
+            await self.tasks.run_due(due, self._start_run)
+        except Exception:
+            log.exception("%d occurrence(s) due at once could not be started", len(due))
+
+    def _start_run(self, name: str, occurrence: float, run: Coroutine[Any, Any, Any]) -> None:
+        self._spawn(self._fire(name, occurrence, run))
+
+    async def _fire(self, name: str, occurrence: float, run: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await run
         except LockLost as exc:
             log.warning("task %r (occurrence %s): %s", name, occurrence, exc)
         except Exception:
             log.exception("task %r (occurrence %s) failed", name, occurrence)
 
     async def _drain(self) -> None:
-        running = set(self._running)
-        if not running:
-            return
-        _, pending = await asyncio.wait(running, timeout=self.shutdown_timeout)
-        for run in pending:
-            run.cancel()
-        if pending:
+        """Wait up to ``shutdown_timeout`` for the runs (and the runs that the
+        ticks still starting start), then cancel what is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
+        while self._running:
+            left = deadline - loop.time()
+            if left > 0:
+                await asyncio.wait(set(self._running), timeout=left)
+                continue
+            pending = set(self._running)
+            for run in pending:
+                run.cancel()
             log.warning(
                 "cancelled %d task(s) still running after %.1f s",
                 len(pending),
                 self.shutdown_timeout,
             )
             await asyncio.gather(*pending, return_exceptions=True)
+            return

@@ -31,7 +31,7 @@ import logging
 import secrets
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,12 +277,52 @@ class ScheduledTaskStore:
         ``missed``). An exception from the task (or LockLost) is recorded and
         then raised.
         """
-        task = self[name]
+        return await self._guarded(self[name], occurrence)
+
+    async def _guarded(
+        self,
+        task: ScheduledTask,
+        occurrence: float | None,
+        claim: Claim | None = None,
+        won: bool = False,
+    ) -> Outcome:
         try:
-            return await self._run(task, occurrence)
+            return await self._run(task, occurrence, claim, won)
         except _Missed as missed:
             await self._missed(task.name, occurrence, missed.reason)
             return Outcome.SKIPPED
+
+    async def run_due(
+        self,
+        due: Sequence[tuple[str, float]],
+        start: Callable[[str, float, Coroutine[Any, Any, Outcome]], None],
+    ) -> None:
+        """Claim the occurrences that fell due in one tick, as batches, then
+        hand each one this instance won to ``start`` (the timer loop runs it
+        as a task of its own): what ``run(name, occurrence=...)`` does for each,
+        without a task per occurrence until its claim is won. An occurrence
+        whose claim failed is handed over too: its run tries the claim again
+        (the same claimant, so a claim the store took is still its own)."""
+        self.presence.keep()
+        claims: list[tuple[ScheduledTask, Claim, asyncio.Future[bool]]] = []
+        holder = self.locks.holder
+        for name, occurrence in due:
+            task = self[name]
+            if not task.exclusive:
+                start(name, occurrence, self._guarded(task, occurrence))
+                continue
+            claim = Claim(name, occurrence, f"{holder}/{secrets.token_hex(6)}")
+            claims.append((task, claim, self._claims.soon(claim)))
+        for task, claim, answer in claims:
+            try:
+                won = await answer  # answered together: one wait for the lot
+            except Exception:
+                won = False  # not known: the run asks again, as the same claimant
+            else:
+                if not won:
+                    self._claimed_elsewhere(task.name, claim.fire_time)
+                    continue
+            start(task.name, claim.fire_time, self._guarded(task, claim.fire_time, claim, won))
 
     async def _retried(
         self,
@@ -350,19 +390,35 @@ class ScheduledTaskStore:
         self.counts["missed_merged"] += self._missed_records.merged - merged
         await asyncio.shield(attempt)
 
-    async def _run(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
+    def _claimed_elsewhere(self, name: str, occurrence: float) -> None:
+        log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
+        self.counts["claimed_elsewhere"] += 1
+        self._tell(name, occurrence, "claimed_elsewhere", None)
+
+    async def _run(
+        self,
+        task: ScheduledTask,
+        occurrence: float | None,
+        claim: Claim | None = None,
+        won: bool = False,
+    ) -> Outcome:
+        """One run. ``claim``: the occurrence's claim, sent in a batch already
+        (``run_due``); ``won``: its answer was yes (else it was lost: asked again)."""
         name = task.name
         self.presence.keep()
         if occurrence is not None and task.exclusive:
             # This run's own claimant: its retries are "yours", and any other
             # run of the occurrence, even from this instance, is "elsewhere".
-            claim = Claim(name, occurrence, f"{self.locks.holder}/{secrets.token_hex(6)}")
-            claimed = await self._retried(occurrence, lambda: self._claims(claim), "claiming it")
-            if not claimed:
-                log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
-                self.counts["claimed_elsewhere"] += 1
-                self._tell(name, occurrence, "claimed_elsewhere", None)
-                return Outcome.SKIPPED
+            if claim is None:
+                claim = Claim(name, occurrence, f"{self.locks.holder}/{secrets.token_hex(6)}")
+            if not won:
+                asked = claim
+                claimed = await self._retried(
+                    occurrence, lambda: self._claims(asked), "claiming it"
+                )
+                if not claimed:
+                    self._claimed_elsewhere(name, occurrence)
+                    return Outcome.SKIPPED
         record = RunRecord(
             run_id=secrets.token_hex(8),
             task=name,
@@ -442,7 +498,10 @@ class ScheduledTaskStore:
     ) -> None:
         """Wait for the start record sent as ``start``; tried again like the claim."""
         try:
-            await asyncio.shield(start)
+            if start.done():  # as a batch answers them: no shield to build
+                start.result()
+            else:
+                await asyncio.shield(start)
         except StoreUnavailable:
             await self._retried(occurrence, lambda: self._records(record), "recording its start")
 

@@ -972,9 +972,8 @@ class PostgresStore(Store):
         queued_at: float | None = None
         """When the last call that left this waiter queued was sent."""
         called = False
+        relistened = False
         try:
-            if self.listen_url is not None:
-                await self._ensure_listening()  # first: no note after our call is missed
             while not handed.done():
                 woken = self._waiting.add(name, instead_of=woken)
                 sent = time.monotonic()
@@ -984,6 +983,14 @@ class PostgresStore(Store):
                     return HandedOver(Grant(fence), sent, max(left_ms, 0) / 1000)
                 if code == 0:
                     queued_at = sent
+                if self.listen_url is not None and not self._listening():
+                    # LISTEN (the first wait here, or the connection failed),
+                    # then call again once: a release before the LISTEN took
+                    # effect is found by that call (later, within QUEUE_LIFE/3).
+                    await self._ensure_listening()
+                    if not relistened:
+                        relistened = True
+                        continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -1029,8 +1036,11 @@ class PostgresStore(Store):
             # handed-over lease within its short hand-over lease.
             log.debug("could not withdraw an abandoned waiter of %r: %s", params["name"], exc)
 
+    def _listening(self) -> bool:
+        return self._listener is not None and not self._listener.done()
+
     async def _ensure_listening(self) -> None:
-        if self._listener is not None and not self._listener.done():
+        if self._listening():
             return
         if self._listen_guard is None:
             self._listen_guard = asyncio.Lock()
