@@ -6,10 +6,13 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Sequence
 
 import pytest
 
 from tenure import LockService, RunOutcome, Scheduler
+from tenure.stores.base import Claim
+from tenure.stores.memory import MemoryStore
 
 
 class FakeClock:
@@ -211,3 +214,42 @@ async def test_no_skew_check_on_a_store_without_a_clock(locks: LockService) -> N
         assert scheduler.skew is None
     else:
         assert scheduler.skew is not None and abs(scheduler.skew) < 0.5
+
+
+class _GatedClaims(MemoryStore):
+    """The memory store, whose batch claims wait at a gate the test opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claiming = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
+        self.claiming.set()
+        await self.opened.wait()
+        return await super().claim_occurrences(claims)
+
+
+async def test_stop_while_a_tick_is_claiming_still_runs_what_it_won() -> None:
+    """serve() returns only after the runs a tick started, even when stop()
+    came while that tick's claims were on their way (no run is left behind)."""
+    store = _GatedClaims()
+    ran: list[str] = []
+    async with LockService(store) as locks:
+        scheduler = Scheduler(locks, prune=None)
+        for i in range(3):
+
+            async def task(i: int = i) -> None:
+                await asyncio.sleep(0.2)
+                ran.append(f"t{i}")
+
+            scheduler.add(task, "* * * * * *", name=f"t{i}")
+        serving = asyncio.ensure_future(scheduler.serve())
+        await asyncio.wait_for(store.claiming.wait(), 5)
+        scheduler.stop()
+        await asyncio.sleep(0.1)
+        assert not serving.done(), "serve() waits for the tick that is claiming"
+        store.opened.set()
+        await asyncio.wait_for(serving, 10)
+        assert sorted(ran) == ["t0", "t1", "t2"], "each won occurrence ran to its end"
+        assert scheduler.tasks.counts[RunOutcome.RAN] == 3
