@@ -26,6 +26,12 @@ Defaults, on purpose:
 * **A dead instance's runs: abandoned after 15 s.** While it runs tasks, an
   instance holds a presence lease (``presence_ttl``); a record that still says
   ``running`` once that lease has run out reads ``abandoned``.
+* **Spread over the instances.** Each task has a preferred instance among
+  those serving (rendezvous hashing over their presence leases, read every
+  5 s); an instance claims its own tasks' occurrences at once and the others
+  50 ms later, so a tick's runs spread evenly instead of all going to the
+  instance whose claims arrived first. A dead or stalled instance's share
+  is run by the others, 50 ms late (see ``_spread``).
 * **Maintenance.** The built-in task ``tenure.prune`` (every 10 minutes,
   ``prune=None`` turns it off) stores the ``abandoned`` outcomes it finds, and
   removes expired leases and old run records, through the same mechanism, so
@@ -178,6 +184,8 @@ class Scheduler:
         # Held before the first run's record is written, or soon after when the
         # store is out of reach now (the runs do not wait for it).
         await self.tasks.presence.ready(PRESENCE_READY)
+        with contextlib.suppress(TimeoutError):  # the first tick is spread too
+            await asyncio.wait_for(self.tasks.read_peers(), PRESENCE_READY)
         watching = asyncio.ensure_future(self._watch_skew())
         try:
             await self._timer_loop()

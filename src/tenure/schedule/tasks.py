@@ -28,6 +28,7 @@ import collections
 import contextvars
 import enum
 import logging
+import math
 import secrets
 import time
 import traceback
@@ -46,6 +47,7 @@ from ..stores.base import Claim, RunRecord
 from ._batch import Coalesced
 from ._missed import MissedRecords
 from ._presence import presence_of
+from ._spread import PEERS_REFRESH, SPREAD_DELAY, Spread
 from .cron import CronSchedule
 
 __all__ = ("CurrentRun", "RunOutcome", "ScheduledTask", "ScheduledTaskStore", "current_run")
@@ -165,6 +167,10 @@ class ScheduledTaskStore:
             self.locks.release_each, size, key=lambda lock: lock.name
         )
         self._acquires: dict[float | None, Coalesced[str, Lock | None]] = {}
+        self.spread = Spread(locks.holder)
+        """Which tasks this instance claims first (see ``_spread``)."""
+        self._peers_read = -math.inf
+        self._reading_peers: asyncio.Future[None] | None = None
         self._missed_records = MissedRecords(
             self._record_batch, first_pause=_RETRY_FIRST, most_pause=_RETRY_MOST
         )
@@ -304,25 +310,58 @@ class ScheduledTaskStore:
         whose claim failed is handed over too: its run tries the claim again
         (the same claimant, so a claim the store took is still its own)."""
         self.presence.keep()
-        claims: list[tuple[ScheduledTask, Claim, asyncio.Future[bool]]] = []
+        began = time.monotonic()
+        self._read_peers(began)
         holder = self.locks.holder
+        first: list[tuple[ScheduledTask, float]] = []
+        later: list[tuple[ScheduledTask, float]] = []
         for name, occurrence in due:
             task = self[name]
             if not task.exclusive:
                 start(name, occurrence, self._guarded(task, occurrence))
-                continue
-            claim = Claim(name, occurrence, f"{holder}/{secrets.token_hex(6)}")
-            claims.append((task, claim, self._claims.soon(claim)))
-        for task, claim, answer in claims:
-            try:
-                won = await answer  # answered together: one wait for the lot
-            except Exception:
-                won = False  # not known: the run asks again, as the same claimant
+            elif self.spread.mine(name):
+                first.append((task, occurrence))
             else:
-                if not won:
-                    self._claimed_elsewhere(task.name, claim.fire_time)
-                    continue
-            start(task.name, claim.fire_time, self._guarded(task, claim.fire_time, claim, won))
+                later.append((task, occurrence))
+        for group in (first, later):
+            if group is later and later:
+                # Their own instances claim them meanwhile (see _spread).
+                await asyncio.sleep(max(0.0, began + SPREAD_DELAY - time.monotonic()))
+            claims = []
+            for task, occurrence in group:
+                claim = Claim(task.name, occurrence, f"{holder}/{secrets.token_hex(6)}")
+                claims.append((task, claim, self._claims.soon(claim)))
+            for task, claim, answer in claims:
+                try:
+                    won = await answer  # answered together: one wait for the lot
+                except Exception:
+                    won = False  # not known: the run asks again, as the same claimant
+                else:
+                    if not won:
+                        self._claimed_elsewhere(task.name, claim.fire_time)
+                        continue
+                fire = claim.fire_time
+                start(task.name, fire, self._guarded(task, fire, claim, won))
+
+    async def read_peers(self) -> None:
+        """Read which instances serve now (their presence leases), for ``spread``."""
+        self._peers_read = time.monotonic()
+        try:
+            self.spread.update(await live_instances(self.locks.store), self.locks.holder)
+        except TenureError as exc:
+            log.debug("could not read which instances serve: %s", exc)
+
+    def _read_peers(self, now: float) -> None:
+        """``read_peers`` in the background, every PEERS_REFRESH seconds."""
+        if now - self._peers_read < PEERS_REFRESH or self._reading_peers is not None:
+            return
+        self._peers_read = now
+        reading = self._reading_peers = asyncio.ensure_future(self.read_peers())
+
+        def done(_: object) -> None:
+            self._reading_peers = None
+
+        reading.add_done_callback(done)
 
     async def _retried(
         self,
