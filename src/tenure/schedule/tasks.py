@@ -18,7 +18,10 @@ store takes it), an event, a count and one log line.
 Occurrences that fall due together are one batch at each step: their
 claims, start records, lock acquires, releases and end records each go to
 the store as one call per ``Store.batch_max`` of them (``_batch``), so that a
-tick of a thousand due tasks costs a few store calls, not thousands.
+tick of a thousand due tasks costs a few store calls, not thousands. The
+timer loop hands a tick's occurrences to ``run_due``, which claims them
+before any task exists (an instance's own preferred tasks first: see
+``_spread``) and starts a run only for each occurrence it won.
 """
 
 from __future__ import annotations
