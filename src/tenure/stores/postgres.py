@@ -480,7 +480,8 @@ class PostgresStore(Store):
             + ","
             + queue("next_until", "statement_timestamp() + make_interval(secs => %(life)s)")
             + " RETURNING CASE WHEN l.token = %(token)s THEN 1"
-            " WHEN l.next_waiter = %(waiter)s THEN 0 ELSE -1 END, l.fence,"
+            " WHEN l.next_waiter = %(waiter)s AND l.next_until IS NOT NULL THEN 0 ELSE -1 END,"
+            " l.fence,"
             " (extract(epoch FROM l.expires - clock_timestamp()) * 1000)::bigint"
         )
         # A waiter gives up: out of the queue; the lease, if a release handed
