@@ -289,12 +289,16 @@ class Scheduler:
         except Exception:
             log.exception("%d occurrence(s) due at once could not be started", len(due))
 
-    def _start_run(self, name: str, occurrence: float, run: Coroutine[Any, Any, Any]) -> None:
+    def _start_run(
+        self, name: str, occurrence: float, run: Callable[[], Coroutine[Any, Any, Any]]
+    ) -> None:
         self._spawn(self._fire(name, occurrence, run))
 
-    async def _fire(self, name: str, occurrence: float, run: Coroutine[Any, Any, Any]) -> None:
+    async def _fire(
+        self, name: str, occurrence: float, run: Callable[[], Coroutine[Any, Any, Any]]
+    ) -> None:
         try:
-            await run
+            await run()
         except LockLost as exc:
             log.warning("task %r (occurrence %s): %s", name, occurrence, exc)
         except Exception:

@@ -30,6 +30,7 @@ import asyncio
 import collections
 import contextvars
 import enum
+import functools
 import logging
 import math
 import secrets
@@ -304,14 +305,16 @@ class ScheduledTaskStore:
     async def run_due(
         self,
         due: Sequence[tuple[str, float]],
-        start: Callable[[str, float, Coroutine[Any, Any, Outcome]], None],
+        start: Callable[[str, float, Callable[[], Coroutine[Any, Any, Outcome]]], None],
     ) -> None:
         """Claim the occurrences that fell due in one tick, as batches, then
-        hand each one this instance won to ``start`` (the timer loop runs it
-        as a task of its own): what ``run(name, occurrence=...)`` does for each,
-        without a task per occurrence until its claim is won. An occurrence
-        whose claim failed is handed over too: its run tries the claim again
-        (the same claimant, so a claim the store took is still its own)."""
+        hand each one this instance won to ``start``: what ``run(name,
+        occurrence=...)`` does for each, without a task per occurrence until
+        its claim is won. ``start`` gets a function that makes the run, to
+        call in a task of its own (a task cancelled before it began then
+        leaves no coroutine unawaited). An occurrence whose claim failed is
+        handed over too: its run tries the claim again (the same claimant, so
+        a claim the store took is still its own)."""
         self.presence.keep()
         began = time.monotonic()
         self._read_peers(began)
@@ -321,7 +324,7 @@ class ScheduledTaskStore:
         for name, occurrence in due:
             task = self[name]
             if not task.exclusive:
-                start(name, occurrence, self._guarded(task, occurrence))
+                start(name, occurrence, functools.partial(self._guarded, task, occurrence))
             elif self.spread.mine(name):
                 first.append((task, occurrence))
             else:
@@ -344,7 +347,7 @@ class ScheduledTaskStore:
                         self._claimed_elsewhere(task.name, claim.fire_time)
                         continue
                 fire = claim.fire_time
-                start(task.name, fire, self._guarded(task, fire, claim, won))
+                start(task.name, fire, functools.partial(self._guarded, task, fire, claim, won))
 
     async def read_peers(self) -> None:
         """Read which instances serve now (their presence leases), for ``spread``."""
