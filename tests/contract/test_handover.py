@@ -258,6 +258,27 @@ async def test_a_cancelled_waiter_leaves_the_queue(
         assert keys.holder() is None
 
 
+async def test_a_waiter_cancelled_the_moment_it_queues_is_cancelled(
+    url: str, raw: Store, peek: Callable[[str], Peek]
+) -> None:
+    """Cancelled as soon as its queue entry shows, again and again, on a fresh
+    service each time: the moment a PostgreSQL waiter opens its LISTEN
+    connection among them (on Python 3.11 ``asyncio.wait_for`` there dropped
+    a cancellation that came as the connection completed, and the waiter
+    waited on until its deadline)."""
+    for attempt in range(15):
+        name = f"gone-{attempt}"
+        keys = peek(name)
+        async with LockService.from_url(url) as locks:
+            waiting = await queued_waiter(raw, keys, locks, name, wait=5.0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(waiting, 2.0)
+        await until(lambda peek=keys: peek.queued() is None)
+        assert raw.release_now(name, HELD) is True
+        assert keys.holder() is None, "nothing was handed to the cancelled waiter"
+
+
 async def test_a_waiter_cancelled_after_the_hand_over_gives_the_lock_back(
     url: str, raw: Store, peek: Callable[[str], Peek]
 ) -> None:

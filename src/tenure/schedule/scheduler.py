@@ -185,7 +185,8 @@ class Scheduler:
         # store is out of reach now (the runs do not wait for it).
         await self.tasks.presence.ready(PRESENCE_READY)
         with contextlib.suppress(TimeoutError):  # the first tick is spread too
-            await asyncio.wait_for(self.tasks.read_peers(), PRESENCE_READY)
+            async with asyncio.timeout(PRESENCE_READY):  # (wait_for may drop a cancel on 3.11)
+                await self.tasks.read_peers()
         watching = asyncio.ensure_future(self._watch_skew())
         try:
             await self._timer_loop()

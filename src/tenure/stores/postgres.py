@@ -366,6 +366,8 @@ class PostgresStore(Store):
         self._names = names = _Names(schema, prefix)
         self._pool: _Pool | None = None
         self._background: set[asyncio.Future[None]] = set()
+        self._withdrawing: set[asyncio.Future[None]] = set()
+        """Waiters that gave up abnormally, leaving the queue (``_abandon``)."""
         self._lane: _Lane | None = None
         self._lane_busy = False
         self._outage = False  # a connection was lost: the next borrow asks the server first
@@ -616,6 +618,8 @@ class PostgresStore(Store):
             await self._current_pool()  # starts connecting in the background
 
     async def aclose(self) -> None:
+        if self._withdrawing:  # on the pool, so before it closes
+            await asyncio.gather(*self._withdrawing, return_exceptions=True)
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -741,7 +745,8 @@ class PostgresStore(Store):
     async def _server_answers(self) -> None:
         """Connect once, directly; StoreUnavailable with the server's reason if it will not."""
         try:
-            direct = await asyncio.wait_for(psycopg.AsyncConnection.connect(self.url), self.timeout)
+            async with asyncio.timeout(self.timeout):  # not wait_for: see _ensure_listening
+                direct = await psycopg.AsyncConnection.connect(self.url)
         except (psycopg.Error, TimeoutError) as refused:
             raise self._unavailable(refused, "refused a connection") from refused
         await direct.close()
@@ -1018,8 +1023,8 @@ class PostgresStore(Store):
                 # Cancelled or failed with a call in flight or an entry queued:
                 # the store may have queued us or handed us the lease.
                 task = asyncio.ensure_future(self._abandon(params))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._withdrawing.add(task)
+                task.add_done_callback(self._withdrawing.discard)
             raise
         finally:
             del self._handed[waiter]
@@ -1049,19 +1054,23 @@ class PostgresStore(Store):
             if self._listener is not None and not self._listener.done():
                 return
             assert self.listen_url is not None
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a
+            # cancellation that arrives as the connection completes, and the
+            # cancelled waiter would wait on.
             try:
-                conn = await asyncio.wait_for(
-                    psycopg.AsyncConnection.connect(self.listen_url, autocommit=True),
-                    self.timeout,
-                )
+                async with asyncio.timeout(self.timeout):
+                    conn = await psycopg.AsyncConnection.connect(self.listen_url, autocommit=True)
             except (psycopg.Error, TimeoutError) as exc:
                 raise self._unavailable(exc, "refused a LISTEN connection") from exc
             try:
                 listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._names.channel))
-                await asyncio.wait_for(conn.execute(listen), self.timeout)
-            except (psycopg.Error, TimeoutError) as exc:
+                async with asyncio.timeout(self.timeout):
+                    await conn.execute(listen)
+            except BaseException as exc:
                 await conn.close()
-                raise self._unavailable(exc, "failed to LISTEN") from exc
+                if isinstance(exc, psycopg.Error | TimeoutError):
+                    raise self._unavailable(exc, "failed to LISTEN") from exc
+                raise
             self._listener = asyncio.ensure_future(self._listen(conn))
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
