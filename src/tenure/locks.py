@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _validate
-from ._aio import is_async, settle
+from ._aio import is_async, settle, woken_within
 from ._aio import shielded as _shielded
 from ._threads import THREAD_QUEUE, THREADS, PoolFull, WorkerPool
 from ._tokens import new_token
@@ -171,9 +171,7 @@ class Lock(LeaseState):
             if remaining is None:
                 return
             try:
-                await asyncio.wait_for(future, max(remaining, 0.0))
-            except TimeoutError:
-                pass
+                await woken_within(future, max(remaining, 0.0))
             finally:
                 self.remove_waiter(waiter)
 

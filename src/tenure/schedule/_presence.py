@@ -66,7 +66,8 @@ class Presence:
         self.keep()
         if not self.held:
             try:
-                await asyncio.wait_for(self._held.wait(), timeout)
+                async with asyncio.timeout(timeout):  # (wait_for may drop a cancel on 3.11)
+                    await self._held.wait()
             except TimeoutError:
                 return False
         return True

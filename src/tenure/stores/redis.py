@@ -732,7 +732,10 @@ class RedisStore(Store):
         """
         try:
             confirmed = await self._subscribe(channel)
-            await asyncio.wait_for(confirmed.wait(), min(max(timeout, 0.0), 3600.0))
+            # asyncio.timeout: on 3.11 wait_for can drop a cancellation that
+            # comes as the confirmation does, and the waiter would wait on.
+            async with asyncio.timeout(min(max(timeout, 0.0), 3600.0)):
+                await confirmed.wait()
         except TimeoutError:
             return False
         except _DRIVER_ERRORS as exc:

@@ -703,10 +703,9 @@ class SQLiteStore(Store):
                     return
                 timeout = min(timeout, (expires - now) / 1e9)
                 loop = asyncio.get_running_loop()
-                try:
-                    await asyncio.wait_for(loop.sock_recv(sock, 16), timeout)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):  # (wait_for may drop a cancel on 3.11)
+                        await loop.sock_recv(sock, 16)
             finally:
                 self._run(self._sql_unwait, (address,))
         finally:
