@@ -25,6 +25,7 @@ lost; nothing depends on this thread being scheduled in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -428,10 +429,10 @@ class Renewer:
             batch, wake_at = self._settle(now)
             if not batch:
                 timeout = None if math.isinf(wake_at) else max(0.0, wake_at - now)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    pass
+                # asyncio.timeout: wait_for may drop the stopping cancel on 3.11
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
                 continue
             await self._renew(store, batch)
             self._push(batch)

@@ -256,7 +256,9 @@ class Scheduler:
                     due = []
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(fire - now, MAX_SLEEP))
+                    # asyncio.timeout: wait_for may drop a cancel of serve() on 3.11
+                    async with asyncio.timeout(min(fire - now, MAX_SLEEP)):
+                        await self._wake.wait()
                 continue
             task = self.tasks[name]
             # One fire time computed per task and tick: the heap's entry is an
