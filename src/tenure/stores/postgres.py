@@ -993,7 +993,14 @@ class PostgresStore(Store):
                     # LISTEN (the first wait here, or the connection failed),
                     # then call again once: a release before the LISTEN took
                     # effect is found by that call (later, within QUEUE_LIFE/3).
-                    await self._ensure_listening()
+                    # A LISTEN that cannot be opened now (or that ran out of
+                    # time while this process was stopped) does not fail the
+                    # wait: it polls, as behind a transaction pooler, and tries
+                    # again at its next call.
+                    try:
+                        await self._ensure_listening()
+                    except StoreUnavailable as exc:
+                        log.debug("waiting without LISTEN for now: %s", exc)
                     if not relistened:
                         relistened = True
                         continue
@@ -1004,7 +1011,7 @@ class PostgresStore(Store):
                 # crashed holder), and in time to keep the queue entry alive
                 # (or, not queued, to queue once the entry before has lapsed).
                 wake = min(left, max(left_ms, 1) / 1000, QUEUE_LIFE / 3)
-                if self.listen_url is None:
+                if not self._listening():
                     wake = min(wake, _POLL_WITHOUT_LISTEN)
                 await woken_within(woken, wake)
             if handed.done() and queued_at is not None:
