@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
 from .stores._waiters import WAITERS, Line
-from .stores.base import AcquireItem, Grant, ReleaseItem, Store
+from .stores.base import AcquireItem, Claim, Grant, ReleaseItem, RunRecord, StartItem, Store
 
 __all__ = ("Lock", "LockService", "Outcome", "current_lock")
 
@@ -535,6 +535,53 @@ class LockService:
         """
         if isinstance(names, str) or not isinstance(names, Sequence):
             raise InvalidArgument(f"acquire_each takes a list of names, got {names!r}")
+        return await self._grant_each(
+            names, ttl, lambda _begin, chunk: self.store.acquire_many(chunk)
+        )
+
+    async def start_occurrences(
+        self,
+        starts: Sequence[tuple[Claim, RunRecord]],
+        *,
+        keep: int,
+        ttl: float = _validate.DEFAULT_TTL,
+    ) -> list[tuple[bool, Lock | None]]:
+        """Start occurrences that fell due together (the scheduler's tick): for
+        each ``(claim, record)``, claim the occurrence; if claimed, acquire the
+        lock named after its task, as ``acquire_each`` would; if granted, write
+        ``record`` (its start record, ``running``), with at most ``keep``
+        records kept per task. One ``(claimed, lock)`` per item, in order.
+
+        One atomic step per occurrence where the store allows
+        (``Store.start_runs``), in as few calls as it allows. Sent again with
+        the same claims and records after a StoreUnavailable (or a cancel),
+        each part answers as the first time did: the claim is still its
+        maker's, the lock is acquired again (with the same token while the
+        lost grant may live), the record is rewritten.
+        """
+        claimed: list[bool] = []
+
+        async def send(begin: int, chunk: list[AcquireItem]) -> list[Grant | None]:
+            items = [
+                StartItem(claim, lock, record)
+                for (claim, record), lock in zip(
+                    starts[begin : begin + len(chunk)], chunk, strict=True
+                )
+            ]
+            answers = await self.store.start_runs(items, keep=keep)
+            claimed.extend(answer.claimed for answer in answers)
+            return [answer.grant for answer in answers]
+
+        locks = await self._grant_each([claim.task for claim, _ in starts], ttl, send)
+        return list(zip(claimed, locks, strict=True))
+
+    async def _grant_each(
+        self,
+        names: Sequence[str],
+        ttl: float,
+        send: Callable[[int, list[AcquireItem]], Awaitable[list[Grant | None]]],
+    ) -> list[Lock | None]:
+        """Acquire ``names`` (distinct), ``batch_max`` per ``send(begin, items)``."""
         seen: set[str] = set()
         for name in names:
             ttl, _ = self._admit(name, ttl, 0.0)
@@ -550,7 +597,7 @@ class LockService:
             ]
             sent = time.monotonic()
             try:
-                grants = await self.store.acquire_many(chunk)
+                grants = await send(begin, chunk)
             except (asyncio.CancelledError, StoreUnavailable) as exc:
                 # The store may have granted some before the answer was lost:
                 # the tokens are ours alone, so giving them back is safe (and

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from tenure import InvalidArgument, LockService, RunRecord, StoreUnavailable, current_lock
-from tenure.stores.base import Claim
+from tenure._tokens import new_token
+from tenure.stores.base import AcquireItem, Claim, Started, StartItem
 
 from ..conftest import StoreKind
 
@@ -143,6 +144,45 @@ async def test_a_claim_resent_by_its_claimant_is_still_its_own(locks: LockServic
     assert await store.claim_occurrence("job", 120.0, "host:2:you") is True
     assert await store.claim_occurrence("job", 60.0, "host:1:me") is False
     assert await store.claim_occurrence("job", 120.0, "host:1:me") is False
+
+
+async def test_start_runs_claims_acquires_and_records_each_occurrence(
+    locks: LockService, other: LockService
+) -> None:
+    """Each item: claimed, then (if claimed) its lock, then (if granted) its
+    start record; the same item sent again answers as the first time did."""
+    store = locks.store
+    me, you = locks.holder, other.holder
+    held = await other.acquire("busy", ttl=5)
+    assert held is not None
+    assert await store.claim_occurrence("taken", 60.0, "host:2:you") is True
+
+    def start(task: str, claimant: str, holder: str) -> StartItem:
+        record = RunRecord(f"run-{task}", task, 60.0, holder, time.time(), None, "running")
+        lock = AcquireItem(task, new_token(), 5.0, holder)
+        return StartItem(Claim(task, 60.0, claimant), lock, record)
+
+    items = [start(task, "host:1:me", me) for task in ("free", "busy", "taken")]
+    free, busy, taken = await store.start_runs(items, keep=10)
+    assert free.claimed and free.grant is not None
+    assert busy.claimed and busy.grant is None, "claimed; its lock is held by another"
+    assert not taken.claimed and taken.grant is None, "claimed by another first"
+    [info] = await store.holders("free")
+    assert (info.holder, info.fencing_token) == (me, free.grant.fencing_token)
+    stored = await store.stored_runs("free")
+    assert [(r.run_id, r.outcome) for r in stored] == [("run-free", "running")]
+    assert await store.stored_runs("busy") == [] and await store.stored_runs("taken") == []
+    # Resent after a lost answer: the claim, the lock and the record are its own still.
+    again = await store.start_runs(items[:1], keep=10)
+    assert again == [free]
+    assert len(await store.stored_runs("free")) == 1
+    # Another claimant of the same occurrence gets nothing.
+    assert await store.start_runs([start("free", "host:2:you", you)], keep=10) == [
+        Started(False, None)
+    ]
+    assert await store.start_runs([], keep=10) == []
+    assert await store.release("free", items[0].lock.token)
+    assert await held.release()
 
 
 async def test_record_runs_keeps_the_newest_of_each_task(locks: LockService) -> None:

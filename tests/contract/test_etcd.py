@@ -133,6 +133,34 @@ async def test_a_lease_etcd_reports_expired_marks_every_lock_on_it_lost() -> Non
         await got.release()
 
 
+async def test_a_call_on_a_connection_another_caller_closed_is_not_a_cancel(
+    cluster: EtcdCluster,
+) -> None:
+    """A call times out, marks the connection broken, and the next call closes
+    it: every call still on it is cancelled by gRPC. Those callers get their
+    answer (sent again on the new connection) or StoreUnavailable, never a
+    CancelledError that would end their task as if it had been cancelled."""
+    store = EtcdStore.from_url(f"{cluster.url}?prefix=closed&timeout=1")
+    try:
+        await store.holders()  # connected
+        cluster.pause()
+        try:
+            timing_out = asyncio.ensure_future(store.holders())
+            await asyncio.sleep(0.5)
+            on_it = asyncio.ensure_future(store.holders())  # half its timeout to go
+            with pytest.raises(StoreUnavailable):
+                await timing_out  # the connection is broken
+            first = await store._conn()  # the next call's: the old channel closes
+            await asyncio.sleep(0.05)
+            assert not on_it.done() or not on_it.cancelled()
+        finally:
+            cluster.resume()
+        assert await asyncio.wait_for(on_it, 10) == [], "answered on the new connection"
+        assert first is await store._conn()
+    finally:
+        await store.aclose()
+
+
 def test_password_auth_and_a_wrong_password() -> None:
     cluster = EtcdCluster(members=1)
     try:

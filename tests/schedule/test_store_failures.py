@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tenure import LockService, RunOutcome, Scheduler
+from tenure import LockService, RunOutcome, RunRecord, Scheduler
 
 from ..conftest import StoreKind
 from ..helpers.proxied import proxied
@@ -109,9 +109,9 @@ async def test_a_manual_run_is_not_retried(shared_kind: StoreKind, shared_url: s
 async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
     store: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The store commits the claim, its answer never arrives, the claim is sent
-    again: the occurrence is this instance's and runs (it is not lost as
-    "claimed elsewhere")."""
+    """The store commits the start (claim, lock, start record), its answer
+    never arrives, the start is sent again: the occurrence is this instance's
+    and runs (it is not lost as "claimed elsewhere")."""
     with proxied(store) as (_, through, proxy):
         async with LockService.from_url(through) as locks:
             scheduler = Scheduler(locks, prune=None)
@@ -121,26 +121,107 @@ async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
             async def job() -> None:
                 ran.append(time.time())
 
-            # Connected, tables made, the claim's script loaded or statement
-            # prepared first: under the mute only the claim itself runs.
-            await locks.store.claim_occurrence("warm-up", 1.0, "warm-up")
-            assert await scheduler.tasks.presence.ready(10)
+            # Connected, tables made, the start's script loaded or statement
+            # prepared first (an earlier occurrence): under the mute only the
+            # start itself runs.
             occurrence = float(int(time.time()))
+            assert await scheduler.tasks.run("job", occurrence=occurrence - 60) == "ran"
+            ran.clear()
+            assert await scheduler.tasks.presence.ready(10)
             caplog.set_level(logging.DEBUG, logger="tenure")
             proxy.set_mode("mute")
             running = asyncio.ensure_future(scheduler.tasks.run("job", occurrence=occurrence))
             # Muted until the claim itself timed out (other connections, such as
             # the renewer's warming up, may lose answers too: not enough).
             for _ in range(1000):
-                if any("claiming it failed" in r.getMessage() for r in caplog.records):
+                if any("starting it failed" in r.getMessage() for r in caplog.records):
                     break
                 await asyncio.sleep(0.01)
             proxy.set_mode("pass")
             outcome = await asyncio.wait_for(running, 30)
             assert proxy.dropped > 0, "an answer of the store was lost"
-            tried_again = [r for r in caplog.records if "claiming it failed" in r.getMessage()]
+            tried_again = [r for r in caplog.records if "starting it failed" in r.getMessage()]
             assert tried_again, "the claim was sent again after its answer was lost"
             assert outcome == "ran" and len(ran) == 1
             assert scheduler.tasks.counts["claimed_elsewhere"] == 0
             records = await locks.store.runs("job")
-            assert [(r.fire_time, r.outcome) for r in records] == [(occurrence, "ran")]
+            assert [(r.fire_time, r.outcome) for r in records] == [
+                (occurrence, "ran"),
+                (occurrence - 60, "ran"),
+            ]
+
+
+async def test_a_start_whose_answer_was_lost_and_then_missed_leaves_no_running_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An occurrence's start commits (claim, lock and a ``running`` record),
+    its answer is lost, and so is every retry's, past the misfire grace: the
+    occurrence ends ``missed``, and its missed record replaces the start
+    record, so that none reads ``running`` while this instance lives on."""
+    with proxied("redis") as (direct, through, proxy):
+        async with LockService.from_url(through) as locks, LockService.from_url(direct) as other:
+            scheduler = Scheduler(locks, prune=None, misfire_grace=2)
+
+            @scheduler.cron("* * * * *", name="job")
+            async def job() -> None: ...
+
+            occurrence = float(int(time.time()))  # retried for the grace from now on
+            assert await scheduler.tasks.run("job", occurrence=occurrence - 60) == "ran"  # warm
+            assert await scheduler.tasks.presence.ready(10)
+            caplog.set_level(logging.DEBUG, logger="tenure")
+            # Muted throughout: the start and each retry reach the store and
+            # are applied there; no answer comes back.
+            proxy.set_mode("mute")
+            running = asyncio.ensure_future(scheduler.tasks.run("job", occurrence=occurrence))
+            said = f"occurrence {occurrence}: starting it failed"
+            for _ in range(1000):
+                if any(said in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.01)
+            stored = await other.store.stored_runs("job")
+            assert [r.outcome for r in stored if r.fire_time == occurrence] == ["running"], (
+                "the start committed in the store"
+            )
+            assert await asyncio.wait_for(running, 30) == "skipped"
+            proxy.set_mode("pass")
+            assert proxy.dropped > 0, "an answer of the store was lost"
+            assert scheduler.tasks.counts[RunOutcome.MISSED] == 1
+            await scheduler.tasks.flush_missed(10)
+            records = await other.store.runs("job")
+            assert [(r.fire_time, r.outcome) for r in records] == [
+                (occurrence, "missed"),
+                (occurrence - 60, "ran"),
+            ], [(r.fire_time, r.outcome, r.error) for r in records]
+
+
+async def test_a_missed_start_merged_into_another_closes_its_own_record() -> None:
+    """``MissedRecords``: of two missed occurrences of one task whose starts
+    may have written ``running`` records, the first one's record replaces its
+    own; the second merges into it and closes its own where it says running."""
+    from tenure.schedule._missed import MissedRecords
+    from tenure.stores.memory import MemoryStore
+
+    store = MemoryStore("missed-close")
+
+    def record(run_id: str, fire: float, outcome: str, error: str | None = None) -> RunRecord:
+        ended = None if outcome == "running" else fire + 1
+        return RunRecord(run_id, "job", fire, "host:1:me", fire, ended, outcome, error)
+
+    await store.record_runs(
+        [record("r1", 60.0, "running"), record("r2", 120.0, "running")], keep=10
+    )
+
+    async def write(records: list[RunRecord]) -> None:
+        await store.record_runs(records, keep=10)
+
+    missed = MissedRecords(write, store.store_abandoned, first_pause=0.01, most_pause=0.01)
+    missed.add(record("r1", 60.0, "missed", "down"), maybe_started=True)
+    missed.add(record("r2", 120.0, "missed", "down"), maybe_started=True)
+    missed.add(record("r3", 180.0, "missed", "down"))  # its start surely wrote nothing
+    await missed.flush(5)
+    assert missed.merged == 2
+    by_id = {r.run_id: r for r in await store.stored_runs("job")}
+    assert set(by_id) == {"r1", "r2"}, "merged, r3 is written nowhere"
+    assert by_id["r1"].outcome == "missed"
+    assert (by_id["r1"].error or "").startswith("missed 3 occurrences")
+    assert by_id["r2"].outcome == "missed" and by_id["r2"].error == "down"

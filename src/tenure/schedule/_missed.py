@@ -20,9 +20,12 @@ from collections.abc import Awaitable, Callable
 from ..errors import TenureError
 from ..stores.base import RunRecord
 
-__all__ = ("MissedRecords",)
+__all__ = ("CLOSE_MOST", "MissedRecords")
 
 log = logging.getLogger("tenure")
+
+CLOSE_MOST = 100
+"""The most merged records per task whose possible ``running`` record is closed."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -36,6 +39,8 @@ class _Pending:
     reason: str = ""
     ended: float = 0.0
     version: int = 0
+    closes: list[RunRecord] = dataclasses.field(default_factory=list)
+    """Merged records whose run_id may name a ``running`` record in the store."""
 
     def merged(self) -> RunRecord:
         first = self.record
@@ -74,11 +79,13 @@ class MissedRecords:
     def __init__(
         self,
         write: Callable[[list[RunRecord]], Awaitable[object]],
+        close: Callable[[list[RunRecord]], Awaitable[object]],
         *,
         first_pause: float,
         most_pause: float,
     ) -> None:
         self._write = write
+        self._close = close
         self._first_pause = first_pause
         self._most_pause = most_pause
         self._pending: dict[str, _Pending] = {}
@@ -90,13 +97,24 @@ class MissedRecords:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, record: RunRecord) -> asyncio.Future[None]:
+    def add(self, record: RunRecord, *, maybe_started: bool = False) -> asyncio.Future[None]:
         """Queue ``record`` (merged into its task's unwritten one, if any).
+
+        ``maybe_started``: a ``running`` record of ``record.run_id`` may be in
+        the store (a start whose answer was lost). Unmerged, ``record``
+        replaces it (the same run_id); merged into the task's pending record,
+        it closes it as well (``close``: written where it still says
+        ``running``), up to ``CLOSE_MOST`` per task.
 
         Returns the next write attempt: done when it was tried (it may have
         failed: the writer tries again by itself).
         """
         pending = self._pending.get(record.task)
+        if pending is not None and maybe_started:
+            if len(pending.closes) < CLOSE_MOST:
+                pending.closes.append(record)
+            else:
+                log.debug("run %s may still read running: too many to close", record.run_id)
         if pending is None:
             self._pending[record.task] = _Pending(
                 record,
@@ -123,6 +141,9 @@ class MissedRecords:
             sent = {task: (p, p.version) for task, p in self._pending.items()}
             try:
                 await self._write([p.merged() for p, _ in sent.values()])
+                closes = [r for p, _ in sent.values() for r in p.closes]
+                if closes:
+                    await self._close(closes)
             except TenureError as exc:
                 log.debug("could not record %d missed occurrence(s) yet: %s", len(sent), exc)
                 failed = True

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
+import dataclasses
 import enum
 import functools
 import logging
@@ -38,7 +40,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._aio import is_async
 from .._threads import PoolFull, WorkerPool
@@ -161,9 +163,7 @@ class ScheduledTaskStore:
         occurrences whose record merged into an earlier one of the same task
         (while the store failed)."""
         size = locks.store.batch_max
-        self._claims: Coalesced[Claim, bool] = Coalesced(
-            self._claim_batch, size, key=lambda claim: claim[0]
-        )
+        self._begins: dict[float | None, Coalesced[_Start, _Begun]] = {}
         self._records: Coalesced[RunRecord, None] = Coalesced(
             self._record_batch, size, key=lambda record: record.run_id
         )
@@ -176,24 +176,27 @@ class ScheduledTaskStore:
         self._peers_read = -math.inf
         self._reading_peers: asyncio.Future[None] | None = None
         self._missed_records = MissedRecords(
-            self._record_batch, first_pause=_RETRY_FIRST, most_pause=_RETRY_MOST
+            self._record_batch,
+            self._close_batch,
+            first_pause=_RETRY_FIRST,
+            most_pause=_RETRY_MOST,
         )
 
     @property
     def store_calls(self) -> collections.Counter[str]:
-        """Store calls the runs made so far, by step (``claim``, ``record``,
-        ``acquire``, ``release``): what a test reads to see that a tick's
-        occurrences went to the store in batches."""
+        """Store calls the runs made so far, by step (``start``: an
+        occurrence's claim, lock and start record; ``record``, ``acquire``,
+        ``release``): what a test reads to see that a tick's occurrences went
+        to the store in batches."""
         return collections.Counter(
-            claim=self._claims.calls,
+            start=sum(batch.calls for batch in self._begins.values()),
             record=self._records.calls,
             acquire=sum(batch.calls for batch in self._acquires.values()),
             release=self._releases.calls,
         )
 
-    async def _claim_batch(self, claims: list[Claim]) -> list[bool]:
-        # Through self.locks each time: a forked child's service has a store of its own.
-        return await self.locks.store.claim_occurrences(claims)
+    async def _close_batch(self, records: list[RunRecord]) -> None:
+        await self.locks.store.store_abandoned(records)
 
     async def _record_batch(self, records: list[RunRecord]) -> list[None]:
         await self.locks.store.record_runs(records, keep=self.keep_runs)
@@ -211,16 +214,19 @@ class ScheduledTaskStore:
                 acquire_each,
                 self.locks.store.batch_max,
                 key=lambda n: n,
-                orphaned=self._orphaned,
+                orphaned=self._orphaned_grant,
             )
         return batch(name)
 
-    def _orphaned(self, lock: Lock | None) -> None:
-        """A grant whose occurrence was cancelled while it was on its way."""
+    def _orphaned_grant(self, lock: Lock | None) -> None:
+        """A grant whose run was cancelled while it was on its way."""
         if lock is not None:
-            task = asyncio.ensure_future(self._release(lock))
-            self._orphans.add(task)
-            task.add_done_callback(self._orphans.discard)
+            self._in_background(self._release(lock))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
 
     async def _release(self, lock: Lock) -> None:
         try:
@@ -287,38 +293,47 @@ class ScheduledTaskStore:
         ``missed``). An exception from the task (or LockLost) is recorded and
         then raised.
         """
-        return await self._guarded(self[name], occurrence)
+        task = self[name]
+        if occurrence is not None and task.exclusive:
+            return await self._occurrence(task, self._new_start(task, occurrence))
+        return await self._guarded(task, occurrence)
 
-    async def _guarded(
-        self,
-        task: ScheduledTask,
-        occurrence: float | None,
-        claim: Claim | None = None,
-        won: bool = False,
-    ) -> Outcome:
-        try:
-            return await self._run(task, occurrence, claim, won)
-        except _Missed as missed:
-            await self._missed(task.name, occurrence, missed.reason)
-            return Outcome.SKIPPED
+    def _new_start(self, task: ScheduledTask, occurrence: float) -> _Start:
+        """An occurrence's claim, with a claimant of its own (its retries are
+        "yours"; any other run of it, even from this instance, is "elsewhere"),
+        and its start record."""
+        holder = self.locks.holder
+        claim = Claim(task.name, occurrence, f"{holder}/{secrets.token_hex(6)}")
+        return claim, self._start_record(task.name, occurrence)
+
+    def _start_record(self, name: str, occurrence: float | None) -> RunRecord:
+        return RunRecord(
+            run_id=secrets.token_hex(8),
+            task=name,
+            fire_time=occurrence,
+            instance=self.locks.holder,
+            started=self.clock(),
+            ended=None,
+            outcome=RunOutcome.RUNNING,
+        )
 
     async def run_due(
         self,
         due: Sequence[tuple[str, float]],
         start: Callable[[str, float, Callable[[], Coroutine[Any, Any, Outcome]]], None],
     ) -> None:
-        """Claim the occurrences that fell due in one tick, as batches, then
-        hand each one this instance won to ``start``: what ``run(name,
-        occurrence=...)`` does for each, without a task per occurrence until
-        its claim is won. ``start`` gets a function that makes the run, to
-        call in a task of its own (a task cancelled before it began then
-        leaves no coroutine unawaited). An occurrence whose claim failed is
-        handed over too: its run tries the claim again (the same claimant, so
-        a claim the store took is still its own)."""
+        """Start the occurrences that fell due in one tick, as batches (each
+        one's claim, lock and start record in one store step where the store
+        allows), then hand each one this instance won to ``start``: what
+        ``run(name, occurrence=...)`` does for each, without a task per
+        occurrence until it is won. ``start`` gets a function that makes the
+        run, to call in a task of its own (a task cancelled before it began
+        then leaves no coroutine unawaited). An occurrence whose start failed
+        is handed over too: its run sends it again (the same claimant, token
+        and record, so what the store took is still its own)."""
         self.presence.keep()
         began = time.monotonic()
         self._read_peers(began)
-        holder = self.locks.holder
         first: list[tuple[ScheduledTask, float]] = []
         later: list[tuple[ScheduledTask, float]] = []
         for name, occurrence in due:
@@ -333,21 +348,25 @@ class ScheduledTaskStore:
             if group is later and later:
                 # Their own instances claim them meanwhile (see _spread).
                 await asyncio.sleep(max(0.0, began + SPREAD_DELAY - time.monotonic()))
-            claims = []
+            sent = []
             for task, occurrence in group:
-                claim = Claim(task.name, occurrence, f"{holder}/{secrets.token_hex(6)}")
-                claims.append((task, claim, self._claims.soon(claim)))
-            for task, claim, answer in claims:
+                begin = self._new_start(task, occurrence)
+                sent.append((task, begin, self._begin(task.ttl, begin)))
+            for i, (task, begin, answer) in enumerate(sent):
+                begun: _Begun | None = None  # not known: the run asks again, as the same claimant
                 try:
-                    won = await answer  # answered together: one wait for the lot
+                    begun = await answer  # answered together: one wait for the lot
+                except asyncio.CancelledError:
+                    for _, _, unread in sent[i:]:
+                        unread.cancel()  # what they won is given back (_orphaned)
+                    raise
                 except Exception:
-                    won = False  # not known: the run asks again, as the same claimant
-                else:
-                    if not won:
-                        self._claimed_elsewhere(task.name, claim.fire_time)
-                        continue
-                fire = claim.fire_time
-                start(task.name, fire, functools.partial(self._guarded, task, fire, claim, won))
+                    pass
+                if begun is not None and not begun.claimed:
+                    self._claimed_elsewhere(task.name, begin[0].fire_time)
+                    continue
+                run = functools.partial(self._occurrence, task, begin, begun, begun is None)
+                start(task.name, begin[0].fire_time, run)
 
     async def read_peers(self) -> None:
         """Read which instances serve now (their presence leases), for ``spread``."""
@@ -412,14 +431,18 @@ class ScheduledTaskStore:
         """Wait up to ``timeout`` seconds for the records of missed occurrences."""
         await self._missed_records.flush(timeout)
 
-    async def _missed(self, name: str, occurrence: float | None, reason: str) -> None:
-        """An occurrence that could not run: counted, told, logged once, recorded if possible."""
+    async def _missed(
+        self, name: str, occurrence: float | None, reason: str, run_id: str | None = None
+    ) -> None:
+        """An occurrence that could not run: counted, told, logged once, recorded
+        if possible. ``run_id``: the record its start may have written, which
+        this one replaces (then never merged with others)."""
         self.counts[RunOutcome.MISSED] += 1
         self._tell(name, occurrence, RunOutcome.MISSED, None)
         _log_missed(name, occurrence, reason)
         now = self.clock()
         record = RunRecord(
-            run_id=secrets.token_hex(8),
+            run_id=run_id or secrets.token_hex(8),
             task=name,
             fire_time=occurrence,
             instance=self.locks.holder,
@@ -431,7 +454,7 @@ class ScheduledTaskStore:
         # Written by one writer, merged with the task's later misses while the
         # store fails; this occurrence waits for one attempt, not for success.
         merged = self._missed_records.merged
-        attempt = self._missed_records.add(record)
+        attempt = self._missed_records.add(record, maybe_started=run_id is not None)
         self.counts["missed_merged"] += self._missed_records.merged - merged
         await asyncio.shield(attempt)
 
@@ -440,62 +463,111 @@ class ScheduledTaskStore:
         self.counts["claimed_elsewhere"] += 1
         self._tell(name, occurrence, "claimed_elsewhere", None)
 
-    async def _run(
+    def _begin(self, ttl: float | None, start: _Start) -> asyncio.Future[_Begun]:
+        """Send ``start`` (claim, lock, start record) with the tick's others of ``ttl``."""
+        batch = self._begins.get(ttl)
+        if batch is None:
+            options = {} if ttl is None else {"ttl": ttl}
+
+            async def begin_each(starts: list[_Start]) -> list[_Begun]:
+                answers = await self.locks.start_occurrences(starts, keep=self.keep_runs, **options)
+                return [
+                    _Begun(claimed, lock, record)
+                    for (claimed, lock), (_, record) in zip(answers, starts, strict=True)
+                ]
+
+            batch = self._begins[ttl] = Coalesced(
+                begin_each,
+                self.locks.store.batch_max,
+                key=lambda start: start[0].task,
+                orphaned=self._orphaned,
+            )
+        return batch.soon(start)
+
+    def _orphaned(self, begun: _Begun) -> None:
+        """A started occurrence whose run was cancelled before its answer came."""
+        if begun.lock is not None:
+            self._in_background(self._close(begun.lock, begun.record, "cancelled before it began"))
+
+    async def _close(self, lock: Lock, record: RunRecord, error: str) -> None:
+        await self._release(lock)
+        ended = dataclasses.replace(
+            record, ended=self.clock(), outcome=RunOutcome.FAILED, error=error
+        )
+        with contextlib.suppress(TenureError):
+            await self._records(ended)
+
+    async def _guarded(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
+        """A manual run, or an occurrence of a task that runs on every instance."""
+        record = self._start_record(task.name, occurrence)
+        try:
+            await self._retried(occurrence, lambda: self._records(record), "recording its start")
+        except _Missed as missed:
+            await self._missed(task.name, occurrence, missed.reason)
+            return Outcome.SKIPPED
+        if task.exclusive:
+            return await self._ran(task, record, self._exclusively(task, record))
+        return await self._ran(task, record, self._everywhere(task, record))
+
+    async def _occurrence(
         self,
         task: ScheduledTask,
-        occurrence: float | None,
-        claim: Claim | None = None,
-        won: bool = False,
+        start: _Start,
+        begun: _Begun | None = None,
+        resent: bool = False,
     ) -> Outcome:
-        """One run. ``claim``: the occurrence's claim, sent in a batch already
-        (``run_due``); ``won``: its answer was yes (else it was lost: asked again)."""
-        name = task.name
-        self.presence.keep()
-        if occurrence is not None and task.exclusive:
-            # This run's own claimant: its retries are "yours", and any other
-            # run of the occurrence, even from this instance, is "elsewhere".
-            if claim is None:
-                claim = Claim(name, occurrence, f"{self.locks.holder}/{secrets.token_hex(6)}")
-            if not won:
-                asked = claim
-                claimed = await self._retried(
-                    occurrence, lambda: self._claims(asked), "claiming it"
-                )
-                if not claimed:
-                    self._claimed_elsewhere(name, occurrence)
-                    return Outcome.SKIPPED
-        record = RunRecord(
-            run_id=secrets.token_hex(8),
-            task=name,
-            fire_time=occurrence,
-            instance=self.locks.holder,
-            started=self.clock(),
-            ended=None,
-            outcome=RunOutcome.RUNNING,
+        """One occurrence of an exclusive task: ``begun`` is what its start
+        answered (None: not sent yet, or ``resent``: sent, and its answer lost)."""
+        claim, record = start
+        occurrence = claim.fire_time
+        if begun is None:
+            tries = 0
+
+            def send() -> asyncio.Future[_Begun]:
+                nonlocal tries
+                tries += 1
+                return self._begin(task.ttl, start)
+
+            try:
+                begun = await self._retried(occurrence, send, "starting it")
+            except _Missed as missed:
+                # A start whose answer was lost may have written the record:
+                # the missed one replaces it.
+                await self._missed(task.name, occurrence, missed.reason, record.run_id)
+                return Outcome.SKIPPED
+            resent = resent or tries > 1
+        if not begun.claimed:
+            if resent:
+                # An attempt whose answer was lost may have claimed it and
+                # written the record before a later claim came: closed (where
+                # it says running), or it would read running for ever.
+                self._in_background(self._close_unconfirmed(record))
+            self._claimed_elsewhere(task.name, occurrence)
+            return Outcome.SKIPPED
+        return await self._ran(task, record, self._under(task, record, begun.lock))
+
+    async def _close_unconfirmed(self, record: RunRecord) -> None:
+        closed = dataclasses.replace(
+            record,
+            ended=self.clock(),
+            outcome=RunOutcome.MISSED,
+            error="its start's answer was lost, and a later claim came before it was sent again",
         )
-        # An occurrence's start record travels beside its lock's acquire (one
-        # step of the tick less before the function's first line); a manual
-        # or non-exclusive run writes it first.
-        sent = self._records.soon(record)
-        start: asyncio.Future[None] | None = sent
-        if occurrence is None or not task.exclusive:
-            await self._recorded(sent, occurrence, record)
-            start = None
+        try:
+            await self.locks.store.store_abandoned([closed])
+        except TenureError as exc:
+            log.debug("could not close the record of run %s: %s", record.run_id, exc)
+
+    async def _ran(
+        self, task: ScheduledTask, record: RunRecord, work: Coroutine[Any, Any, Outcome]
+    ) -> Outcome:
+        """Await ``work``, the run of ``record``; count, tell and record how it ended."""
+        name, occurrence = task.name, record.fire_time
         began = time.monotonic()
         result: RunOutcome = RunOutcome.FAILED
         error: str | None = "interrupted"
         try:
-            if task.exclusive:
-                outcome = await self._run_exclusively(task, occurrence, record, start)
-            else:
-                reset = _current_run.set(CurrentRun(name, occurrence, record.run_id, None))
-                try:
-                    await _call(task.fn, self.threads)
-                except PoolFull as exc:
-                    raise _Missed(str(exc)) from exc
-                finally:
-                    _current_run.reset(reset)
-                outcome = Outcome.RAN
+            outcome = await work
         except _Missed as exc:  # its start record is closed as missed below
             result, error = RunOutcome.MISSED, exc.reason
             _log_missed(name, occurrence, exc.reason)
@@ -518,59 +590,42 @@ class ScheduledTaskStore:
                 log.debug("task %r skipped: %s", name, error)
             return outcome
         finally:
-            if start is not None and not start.done():
-                # The final record goes after the start record, never before it.
-                await asyncio.wait((start,))
             self.counts[result] += 1
             self._tell(name, occurrence, result, time.monotonic() - began)
-            finished = RunRecord(
-                run_id=record.run_id,
-                task=name,
-                fire_time=occurrence,
-                instance=record.instance,
-                started=record.started,
-                ended=self.clock(),
-                outcome=result,
-                error=error,
-            )
+            finished = dataclasses.replace(record, ended=self.clock(), outcome=result, error=error)
             try:
                 await asyncio.shield(self._records.soon(finished))
             except Exception as exc:  # the run's own outcome matters more than its record
                 log.warning("could not record the run of %r: %s", name, exc)
 
-    async def _recorded(
-        self, start: asyncio.Future[None], occurrence: float | None, record: RunRecord
-    ) -> None:
-        """Wait for the start record sent as ``start``; tried again like the claim."""
+    async def _everywhere(self, task: ScheduledTask, record: RunRecord) -> Outcome:
+        """A run without the task's lock (``exclusive=False``)."""
+        reset = _current_run.set(CurrentRun(task.name, record.fire_time, record.run_id, None))
         try:
-            if start.done():  # as a batch answers them: no shield to build
-                start.result()
-            else:
-                await asyncio.shield(start)
-        except StoreUnavailable:
-            await self._retried(occurrence, lambda: self._records(record), "recording its start")
+            await _call(task.fn, self.threads)
+        except PoolFull as exc:
+            raise _Missed(str(exc)) from exc
+        finally:
+            _current_run.reset(reset)
+        return Outcome.RAN
 
-    async def _run_exclusively(
-        self,
-        task: ScheduledTask,
-        occurrence: float | None,
-        record: RunRecord,
-        start: asyncio.Future[None] | None,
-    ) -> Outcome:
-        """``run_exclusively`` in batches: the acquire is retried like the claim
-        (a failure before the task started is the store's, never the task's
-        own), and the acquire and the release join those of the same tick."""
+    async def _exclusively(self, task: ScheduledTask, record: RunRecord) -> Outcome:
+        """A manual run: its lock acquired now (batched with others of its
+        moment), then ``_under`` it."""
         if not is_async(task.fn) and self.threads.full():
             raise _Missed(f"thread pool full: {self.threads.describe()}")
-        lock = await self._retried(
-            occurrence, lambda: self._acquire(task.name, task.ttl), "acquiring its lock"
-        )
+        lock = await self._acquire(task.name, task.ttl)
+        return await self._under(task, record, lock)
+
+    async def _under(self, task: ScheduledTask, record: RunRecord, lock: Lock | None) -> Outcome:
+        """The task's function under ``lock`` (None: held elsewhere, skipped),
+        released after it."""
         if lock is None:
             return Outcome.SKIPPED
-        reset = _current_run.set(CurrentRun(task.name, occurrence, record.run_id, lock))
+        reset = _current_run.set(CurrentRun(task.name, record.fire_time, record.run_id, lock))
         try:
-            if start is not None:
-                await self._recorded(start, occurrence, record)
+            if not is_async(task.fn) and self.threads.full():
+                raise _Missed(f"thread pool full: {self.threads.describe()}")
             await self.locks.run_under(lock, task.fn, threads=self.threads)
         except PoolFull as exc:  # filled up while the lock was acquired
             raise _Missed(str(exc)) from exc
@@ -603,6 +658,20 @@ class ScheduledTaskStore:
                 self.listener(name, occurrence, outcome)
             except Exception:
                 log.exception("the scheduler's listener failed")
+
+
+_Start = tuple[Claim, RunRecord]
+"""An occurrence's claim and its start record, as ``LockService.start_occurrences`` takes them."""
+
+
+class _Begun(NamedTuple):
+    """What an occurrence's start answered."""
+
+    claimed: bool
+    lock: Lock | None
+    """None: not claimed, or claimed with the task's lock held by an earlier run."""
+    record: RunRecord
+    """Its start record: written when ``lock`` is not None."""
 
 
 class _Missed(Exception):

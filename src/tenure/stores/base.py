@@ -45,6 +45,8 @@ __all__ = (
     "ReleaseItem",
     "RenewItem",
     "RunRecord",
+    "StartItem",
+    "Started",
     "Store",
 )
 
@@ -91,6 +93,26 @@ class Claim(NamedTuple):
     task: str
     fire_time: float
     claimant: str
+
+
+class StartItem(NamedTuple):
+    """One occurrence's start (:meth:`Store.start_runs`): its claim, the
+    acquire of its task's lock (``lock.name`` is ``claim.task``) and its
+    start record (outcome ``running``)."""
+
+    claim: Claim
+    lock: AcquireItem
+    record: RunRecord
+
+
+class Started(NamedTuple):
+    """What :meth:`Store.start_runs` did with one item."""
+
+    claimed: bool
+    """The occurrence is this claimant's (see :meth:`Store.claim_occurrence`)."""
+    grant: Grant | None
+    """The lock, when the occurrence was claimed and the lock was free (the
+    start record is then written); None when either was not."""
 
 
 class ReleaseItem(NamedTuple):
@@ -188,7 +210,8 @@ class Store(ABC):
 
     batch_max: ClassVar[int] = 500
     """The most items one call of a batch method (:meth:`claim_occurrences`,
-    :meth:`acquire_many`, :meth:`release_many`, :meth:`record_runs`) takes;
+    :meth:`acquire_many`, :meth:`release_many`, :meth:`record_runs`,
+    :meth:`start_runs`) takes;
     callers split longer batches. etcd's is its transaction limit (128)."""
 
     grants_on_release: ClassVar[bool] = False
@@ -306,6 +329,33 @@ class Store(ABC):
         """:meth:`acquire` for each item (distinct names); one answer each, in order."""
         return [await self.acquire(*item) for item in items]
 
+    async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
+        """Start each occurrence of ``items`` (distinct tasks): claim it; if
+        claimed, acquire its lock; if granted, write its start record. One
+        answer each, in order.
+
+        A store that can makes each item one atomic step (one transaction,
+        one script, one statement), so that a claimed occurrence whose lock
+        was granted always has its record, whatever happens to the caller
+        next; the default makes three batch calls (claims, then acquires of
+        the claimed, then records of the granted). Resent with the same
+        claimant, token and run id after a lost answer, every part answers
+        as it did the first time (a claim, an acquire and a record are each
+        idempotent for their maker), so a retry never loses an occurrence.
+        """
+        claimed = await self.claim_occurrences([item.claim for item in items])
+        won = [item for item, yes in zip(items, claimed, strict=True) if yes]
+        grants = iter(await self.acquire_many([item.lock for item in won]) if won else [])
+        answers = [Started(yes, next(grants) if yes else None) for yes in claimed]
+        records = [
+            item.record
+            for item, answer in zip(items, answers, strict=True)
+            if answer.grant is not None
+        ]
+        if records:
+            await self.record_runs(records, keep=keep)
+        return answers
+
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         """:meth:`release` for each item (distinct names); one answer each, in order."""
         return [await self.release(*item) for item in items]
@@ -333,8 +383,9 @@ class Store(ABC):
 
     @abstractmethod
     async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
-        """Write each of ``records`` (outcome ``abandoned``) where the stored
-        record of its run_id still says ``running``; returns how many were.
+        """Write each of ``records`` (outcome ``abandoned``; or ``missed``, for
+        a start whose answer was lost) where the stored record of its run_id
+        still says ``running``; returns how many were.
 
         Each record is its own compare-and-set: a run's own final record,
         written meanwhile, is never overwritten.

@@ -458,6 +458,17 @@ class EtcdStore(Store):
                 raise self._failed(conn, exc) from exc
             except TimeoutError as exc:
                 raise self._failed(conn, exc) from exc
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                # Not this task's cancel: another caller found the channel
+                # broken and closed it, which cancels every call on it.
+                if attempt == 2:
+                    raise StoreUnavailable(
+                        f"etcd at {self.describe()} failed: its connection was closed "
+                        "while the call was on it"
+                    ) from None
         raise AssertionError("unreachable")
 
     async def warm_up(self) -> None:

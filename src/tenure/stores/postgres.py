@@ -113,6 +113,8 @@ from .base import (
     ReleaseItem,
     RenewItem,
     RunRecord,
+    Started,
+    StartItem,
     Store,
 )
 
@@ -381,10 +383,9 @@ class PostgresStore(Store):
         """The queued waiters of this store, by waiter id: set by a hand-over note."""
         self._closed = False
 
-        self._sql_acquire = names.render(
-            "INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired) "
-            "VALUES (%s, %s, %s, nextval({fence_literal}),"
-            " clock_timestamp() + make_interval(secs => %s), clock_timestamp()) "
+        # The acquire's conflict rule, shared by the plain acquire and the
+        # occurrence start (_sql_start).
+        acquire_or_not = (
             "ON CONFLICT (name) DO UPDATE SET token = excluded.token, holder = excluded.holder,"
             # A live lease of this very token (an acquire resent after its
             # answer was lost) is granted again: the same fence, renewed.
@@ -394,6 +395,11 @@ class PostgresStore(Store):
             " THEN l.acquired ELSE excluded.acquired END "
             "WHERE l.token IS NULL OR l.expires <= clock_timestamp() OR l.token = excluded.token "
             "RETURNING l.fence"
+        )
+        self._sql_acquire = names.render(
+            "INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired) "
+            "VALUES (%s, %s, %s, nextval({fence_literal}),"
+            " clock_timestamp() + make_interval(secs => %s), clock_timestamp()) " + acquire_or_not
         )
         self._sql_renew = names.render(
             "UPDATE {leases} AS l SET expires = clock_timestamp() + make_interval(secs => b.ttl) "
@@ -523,19 +529,41 @@ class PostgresStore(Store):
             "FROM {leases} WHERE token IS NOT NULL AND expires > clock_timestamp()"
             ' AND starts_with(name, %s) ORDER BY name COLLATE "C"'
         )
-        self._sql_claim = names.render(
-            "INSERT INTO {claims} AS c (task, fire_time, claimant) VALUES (%s, %s, %s) "
+        claim_or_not = (
             "ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time,"
             " claimant = excluded.claimant WHERE c.fire_time < excluded.fire_time"
             " OR (c.fire_time = excluded.fire_time AND c.claimant = excluded.claimant) "
             "RETURNING 1"
         )
-        self._sql_record = names.render(
-            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
-            " error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+        self._sql_claim = names.render(
+            "INSERT INTO {claims} AS c (task, fire_time, claimant) VALUES (%s, %s, %s) "
+            + claim_or_not
+        )
+        record_or_replace = (
             "ON CONFLICT (run_id) DO UPDATE SET fire_time = excluded.fire_time,"
             " instance = excluded.instance, started = excluded.started, ended = excluded.ended,"
             " outcome = excluded.outcome, error = excluded.error"
+        )
+        self._sql_record = names.render(
+            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
+            " error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) " + record_or_replace
+        )
+        # An occurrence's start in one statement, one transaction: the claim;
+        # for a claim won, the acquire; for a grant, the start record. Each
+        # step reads the one before through its RETURNING (data-modifying
+        # CTEs see no other effect of the same statement; the tables differ).
+        self._sql_start = names.render(
+            "WITH c AS (INSERT INTO {claims} AS c (task, fire_time, claimant)"
+            " VALUES (%(task)s, %(fire)s, %(claimant)s) " + claim_or_not + "), "
+            "g AS (INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired)"
+            " SELECT %(name)s, %(token)s, %(holder)s, nextval({fence_literal}),"
+            " clock_timestamp() + make_interval(secs => %(ttl)s), clock_timestamp() FROM c "
+            + acquire_or_not
+            + "), r AS (INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended,"
+            " outcome, error) SELECT %(run_id)s, %(run_task)s, %(run_fire)s, %(instance)s,"
+            " %(started)s,"
+            " NULL, %(outcome)s, NULL FROM g " + record_or_replace + ") "
+            "SELECT EXISTS (SELECT FROM c), (SELECT fence FROM g)"
         )
         self._sql_trim = names.render(
             "DELETE FROM {runs} WHERE task = %(task)s AND started < (SELECT started FROM {runs}"
@@ -1127,6 +1155,33 @@ class PostgresStore(Store):
             self._sql_acquire, [(i.name, i.token, i.holder, i.ttl) for i in items]
         )
         return [Grant(rows[0][0]) if rows else None for rows in answers]
+
+    async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
+        answers = await self._query_each(
+            self._sql_start,
+            [
+                {
+                    "task": claim.task,
+                    "fire": claim.fire_time,
+                    "claimant": claim.claimant,
+                    "name": lock.name,
+                    "token": lock.token,
+                    "holder": lock.holder,
+                    "ttl": lock.ttl,
+                    "run_id": record.run_id,
+                    "run_task": record.task,
+                    "run_fire": record.fire_time,
+                    "instance": record.instance,
+                    "started": record.started,
+                    "outcome": record.outcome,
+                }
+                for claim, lock, record in items
+            ],
+        )
+        return [
+            Started(claimed, None if fence is None else Grant(fence))
+            for ((claimed, fence),) in answers
+        ]
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         channel = self._names.channel

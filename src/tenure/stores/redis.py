@@ -96,6 +96,8 @@ from .base import (
     ReleaseItem,
     RenewItem,
     RunRecord,
+    Started,
+    StartItem,
     Store,
 )
 
@@ -110,9 +112,26 @@ log = logging.getLogger("tenure.stores.redis")
 _UNSUBSCRIBE_AFTER = 5.0
 """Seconds a release channel stays subscribed after its last waiter left."""
 
-_SCRIPTS = ("acquire", "enlist", "release", "withdraw", "renew", "claim", "record", "abandon")
-_GRANTING = ("acquire", "enlist", "release")
-"""The scripts that start with _grant.lua's grant()."""
+_SCRIPTS = (
+    "acquire",
+    "enlist",
+    "release",
+    "withdraw",
+    "renew",
+    "claim",
+    "record",
+    "abandon",
+    "start",
+)
+_PRELUDES = {
+    "acquire": ("_grant", "_acquire"),
+    "enlist": ("_grant",),
+    "release": ("_grant",),
+    "claim": ("_claim",),
+    "record": ("_record",),
+    "start": ("_grant", "_acquire", "_claim", "_record"),
+}
+"""The shared functions (``_*.lua``) each script starts with, so that a rule is written once."""
 
 
 _NOT_SERVED_HERE = (AskError, TryAgainError, ClusterDownError, ReadOnlyError, MasterDownError)
@@ -151,8 +170,7 @@ def _read_script(name: str) -> str:
 
 
 def _load_script(name: str) -> str:
-    source = _read_script(name)
-    return _read_script("_grant") + source if name in _GRANTING else source
+    return "".join(map(_read_script, (*_PRELUDES.get(name, ()), name)))
 
 
 _SOURCES = {name: _load_script(name) for name in _SCRIPTS}
@@ -949,6 +967,23 @@ class RedisStore(Store):
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         answers = await self._scripts([("acquire", *self._acquire_call(*item)) for item in items])
         return [None if fence is None else Grant(int(fence)) for fence in answers]
+
+    async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
+        if self.cluster or not items:
+            # A claim, a lease and a task's records are in different hash slots.
+            return await super().start_runs(items, keep=keep)
+        keys = [f"{{{self.prefix}:tasks}}"]
+        args: list[str | int | float] = []
+        for claim, lock, record in items:
+            lease_keys, lease_args = self._acquire_call(*lock)
+            keys += [f"{{{self.prefix}:claims}}:{claim.task}", *lease_keys]
+            keys += self._runs_keys(record.task)
+            args += [repr(float(claim.fire_time)), claim.claimant, *lease_args]
+            args += [record.run_id, json.dumps(record.row()), repr(record.started), record.task]
+        answers = await self._script("start", keys, args)
+        return [
+            Started(answer >= 0, Grant(int(answer)) if answer > 0 else None) for answer in answers
+        ]
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         answers = await self._scripts([("release", *self._release_call(*item)) for item in items])

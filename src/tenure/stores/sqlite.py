@@ -91,6 +91,8 @@ from .base import (
     ReleaseItem,
     RenewItem,
     RunRecord,
+    Started,
+    StartItem,
     Store,
 )
 
@@ -741,6 +743,19 @@ class SQLiteStore(Store):
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         with self._transaction():
             return [self.acquire_now(*item) for item in items]
+
+    async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
+        answers: list[Started] = []
+        with self._transaction():
+            for claim, lock, record in items:
+                if not self._claim_now(*claim):
+                    answers.append(Started(False, None))
+                    continue
+                grant = self.acquire_now(*lock)
+                if grant is not None:
+                    self._record_now(record, keep)
+                answers.append(Started(True, grant))
+        return answers
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         with self._transaction():

@@ -5,8 +5,7 @@
 -- ARGV[4]  how many records to keep (0: do not trim)
 -- Returns how many old records were removed.
 if ARGV[2] ~= '' then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+  record(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 end
 local keep = tonumber(ARGV[4])
 if keep == 0 then
