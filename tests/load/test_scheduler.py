@@ -127,7 +127,9 @@ async def test_a_thousand_every_second_tasks_on_three_instances_run_once_in_batc
         ticks = result["ticks"]
         assert ticks >= len(due)
         calls = sum(result["store_calls"].values())
-        # Five steps (claim, start record, acquire, release, end record), each
-        # split in at most two batches when its items arrive a turn apart.
+        # Three steps (start: claim, lock and start record, itself up to three
+        # store calls on the stores without a combined step; release; end
+        # record), at most five calls, each split in at most two batches when
+        # its items arrive a turn apart.
         bound = ticks * math.ceil(MANY / batch) * 5 * 2
         assert calls <= bound, (result["store_calls"], ticks)
