@@ -175,6 +175,7 @@ class ScheduledTaskStore:
         """Which tasks this instance claims first (see ``_spread``)."""
         self._peers_read = -math.inf
         self._reading_peers: asyncio.Future[None] | None = None
+        """The background read of the instances in flight (``_read_peers``), if any."""
         self._missed_records = MissedRecords(
             self._record_batch,
             self._close_batch,
@@ -294,6 +295,7 @@ class ScheduledTaskStore:
         then raised.
         """
         task = self[name]
+        self.presence.keep()  # while it is live, this run's record reads running
         if occurrence is not None and task.exclusive:
             return await self._occurrence(task, self._new_start(task, occurrence))
         return await self._guarded(task, occurrence)
