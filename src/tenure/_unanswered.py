@@ -80,9 +80,11 @@ class Unanswered:
                 return token
         return new_token()
 
-    def clear(self) -> None:
-        """Forget everything (a forked child: the parent's calls are not its own)."""
-        self._pending = {}
+    def clear(self) -> dict[str, _Entry]:
+        """Forget everything (a forked child: the parent's calls are not its own);
+        returns what was forgotten, for the caller to keep (see ``LockService._after_fork``)."""
+        pending, self._pending = self._pending, {}
+        return pending
 
     def __len__(self) -> int:
         return len(self._pending)

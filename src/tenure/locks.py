@@ -301,9 +301,12 @@ class LockService:
         """
         for lock in self._held:
             lock.abandon_in_fork()
+        # Kept, never freed: freeing the parent's tasks and futures here would
+        # finalize what they hold, and a gRPC object finalized in a forked
+        # child crashes it (a segfault, seen with etcd's give-backs).
+        _INHERITED.extend((self._held, self._background, self._unanswered.clear()))
         self._held = set()
         self._background = set()
-        self._unanswered.clear()
         self._start_guard = threading.Lock()
         self._forked = True
 
@@ -785,6 +788,10 @@ class _LossWatch:
 
 _live: weakref.WeakSet[LockService] = weakref.WeakSet()
 """Every LockService of this process, for the fork handler."""
+
+
+_INHERITED: list[object] = []
+"""What a forked child's services held for the parent (``LockService._after_fork``)."""
 
 
 def _after_fork_in_child() -> None:
