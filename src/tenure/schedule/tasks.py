@@ -437,8 +437,9 @@ class ScheduledTaskStore:
         self, name: str, occurrence: float | None, reason: str, run_id: str | None = None
     ) -> None:
         """An occurrence that could not run: counted, told, logged once, recorded
-        if possible. ``run_id``: the record its start may have written, which
-        this one replaces (then never merged with others)."""
+        if possible. ``run_id``: the ``running`` record its start may have
+        written, which this one replaces, or closes if it merges into the
+        task's pending missed record (``MissedRecords.add``)."""
         self.counts[RunOutcome.MISSED] += 1
         self._tell(name, occurrence, RunOutcome.MISSED, None)
         _log_missed(name, occurrence, reason)
