@@ -146,6 +146,24 @@ async def test_a_claim_resent_by_its_claimant_is_still_its_own(locks: LockServic
     assert await store.claim_occurrence("job", 120.0, "host:1:me") is False
 
 
+async def test_claimed_already_reads_which_occurrences_a_claim_would_lose(
+    locks: LockService,
+) -> None:
+    store = locks.store
+    me = "host:1:me"
+    assert await store.claim_occurrences([Claim("a", 10.0, me), Claim("b", 10.0, me)]) == [
+        True,
+        True,
+    ]
+    asked = [("a", 10.0), ("a", 9.0), ("b", 11.0), ("never", 1.0)]
+    # The same or an earlier occurrence is taken; a later one and an unclaimed task are not.
+    assert await store.claimed_already(asked) == [True, True, False, False]
+    # It only read: the later occurrence is still free to claim.
+    assert await store.claim_occurrence("b", 11.0, "host:2:you") is True
+    assert await store.claimed_already([("b", 11.0)]) == [True]
+    assert await store.claimed_already([]) == []
+
+
 async def test_start_runs_claims_acquires_and_records_each_occurrence(
     locks: LockService, other: LockService
 ) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from pathlib import Path
 
 from tenure import LockService, RunOutcome, Scheduler
-from tenure.schedule._spread import Spread
+from tenure.schedule._spread import PEERS_REFRESH, Spread
 from tenure.stores._presence import presence_name
 
 TASKS = [f"task-{i}" for i in range(3000)]
@@ -90,6 +91,7 @@ async def test_three_instances_share_each_tick(tmp_path: Path) -> None:
             await scheduler.tasks.read_peers()
             assert len(scheduler.tasks.spread.peers) == 3
         spread_at = time.time()
+        calls_before = [scheduler.tasks.store_calls for scheduler in schedulers]
         await asyncio.sleep(3.2)
         stopped_at = time.time()
         for scheduler in schedulers:
@@ -101,6 +103,13 @@ async def test_three_instances_share_each_tick(tmp_path: Path) -> None:
             shares = [mine[fire] for mine in ran]
             assert sum(shares) == 60, f"every occurrence of {fire} ran once: {shares}"
             assert all(share >= 8 for share in shares), f"spread at {fire}: {shares}"
+        served = math.ceil(stopped_at) - math.ceil(spread_at)
+        for scheduler, before in zip(schedulers, calls_before, strict=True):
+            calls = scheduler.tasks.store_calls - before
+            # Each tick: one start batch for its own tasks, one read that finds
+            # the others' taken, and no start sent for those to lose.
+            assert calls["claimed"] >= 2, calls
+            assert calls["start"] <= served + 1, (calls, served)
 
 
 async def test_the_share_of_a_dead_instance_still_runs(tmp_path: Path) -> None:
@@ -133,3 +142,43 @@ async def test_the_share_of_a_dead_instance_still_runs(tmp_path: Path) -> None:
         assert max(occurrences.values()) == 1, "no occurrence ran twice"
         assert sum(ran.values()) == sum(by_task.values()), "what ran is what was recorded"
         await presence.release()
+
+
+async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instances_again(
+    tmp_path: Path,
+) -> None:
+    """An instance that started later is known to the others within a second
+    or two, not only at their next regular read of the instances: the first
+    occurrence of its own that an instance finds claimed elsewhere makes it
+    read them again."""
+    url = f"sqlite://{tmp_path}/joined.db"
+    async with (
+        LockService.from_url(url) as locks,
+        LockService.from_url(url, holder="newcomer") as newcomer,
+    ):
+        [scheduler], _ = _schedulers([locks], 20)
+        serving = asyncio.ensure_future(scheduler.serve())
+        await scheduler.tasks.presence.ready(10)
+        await asyncio.sleep(0.3)  # serve()'s own first read of the instances is done
+        await scheduler.tasks.read_peers()
+        spread = scheduler.tasks.spread
+        assert spread.peers == {locks.holder}, "alone: every task is its own"
+        joined = time.monotonic()
+        presence = await newcomer.acquire(presence_name("newcomer"), ttl=30)
+        assert presence is not None
+        # The newcomer claims the next occurrences of every task, as an
+        # instance that reached the store first would.
+        ahead = math.ceil(time.time()) + 3.0
+        for i in range(20):
+            assert await newcomer.store.claim_occurrence(f"t{i}", ahead, "newcomer/1")
+        for _ in range(80):  # 4 s at most
+            if "newcomer" in spread.peers:
+                break
+            await asyncio.sleep(0.05)
+        known_after = time.monotonic() - joined
+        scheduler.stop()
+        await serving
+        await presence.release()
+        assert scheduler.tasks.counts["claimed_elsewhere"] > 0, "it found its own taken"
+        assert "newcomer" in spread.peers, "it read the instances again"
+        assert known_after < 4.0 < PEERS_REFRESH, known_after

@@ -11,19 +11,33 @@ once, and the others ``SPREAD_DELAY`` later: by then their preferred instance
 has claimed them (the claim answers "elsewhere"), unless it is dead, stalled
 or its clock runs behind, and then this one runs them, that much later.
 Nothing is ever left unclaimed: the delay only orders the claims.
+
+Before claiming the others' occurrences, an instance reads which of them are
+claimed already (one read per batch) and sends starts only for the rest, so
+that in a healthy cluster no claim, lock and record is built and sent to lose.
+
+An instance learns that another one started at its next read of the
+instances; until then both may count a task as theirs and claim it at once
+(one of them wins it). An instance that finds its own occurrences claimed
+elsewhere reads the instances again within ``PEERS_RECHECK``.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ("PEERS_REFRESH", "SPREAD_DELAY", "Spread")
+__all__ = ("PEERS_RECHECK", "PEERS_REFRESH", "SPREAD_DELAY", "Spread")
 
 SPREAD_DELAY = 0.05
 """Seconds after its own occurrences that an instance claims the others' of a tick."""
 
 PEERS_REFRESH = 5.0
 """Seconds between two reads of which instances serve (their presence leases)."""
+
+PEERS_RECHECK = 1.0
+"""Seconds between two reads while another instance claims this one's own
+occurrences first: an instance that just started is known to the others
+within a second or two, not only at their next PEERS_REFRESH."""
 
 
 class Spread:

@@ -28,10 +28,12 @@ Defaults, on purpose:
   ``running`` once that lease has run out reads ``abandoned``.
 * **Spread over the instances.** Each task has a preferred instance among
   those serving (rendezvous hashing over their presence leases, read every
-  5 s); an instance claims its own tasks' occurrences at once and the others
-  50 ms later, so a tick's runs spread evenly instead of all going to the
-  instance whose claims arrived first. A dead or stalled instance's share
-  is run by the others, 50 ms late (see ``_spread``).
+  5 s, and within a second when another instance takes this one's own
+  occurrences); an instance claims its own tasks' occurrences at once and,
+  50 ms later, those of the others that nobody has claimed yet, so a tick's
+  runs spread evenly instead of all going to the instance whose claims
+  arrived first. A dead or stalled instance's share is run by the others,
+  50 ms late (see ``_spread``).
 * **Maintenance.** The built-in task ``tenure.prune`` (every 10 minutes,
   ``prune=None`` turns it off) stores the ``abandoned`` outcomes it finds, and
   removes expired leases and old run records, through the same mechanism, so

@@ -53,7 +53,7 @@ from ..stores.base import Claim, RunRecord
 from ._batch import Coalesced
 from ._missed import MissedRecords
 from ._presence import presence_of
-from ._spread import PEERS_REFRESH, SPREAD_DELAY, Spread
+from ._spread import PEERS_RECHECK, PEERS_REFRESH, SPREAD_DELAY, Spread
 from .cron import CronSchedule
 
 __all__ = ("CurrentRun", "RunOutcome", "ScheduledTask", "ScheduledTaskStore", "current_run")
@@ -171,6 +171,9 @@ class ScheduledTaskStore:
             self.locks.release_each, size, key=lambda lock: lock.name
         )
         self._acquires: dict[float | None, Coalesced[str, Lock | None]] = {}
+        self._claimed: Coalesced[tuple[str, float], bool] = Coalesced(
+            locks.store.claimed_already, size, key=lambda occurrence: occurrence[0]
+        )
         self.spread = Spread(locks.holder)
         """Which tasks this instance claims first (see ``_spread``)."""
         self._peers_read = -math.inf
@@ -186,11 +189,13 @@ class ScheduledTaskStore:
     @property
     def store_calls(self) -> collections.Counter[str]:
         """Store calls the runs made so far, by step (``start``: an
-        occurrence's claim, lock and start record; ``record``, ``acquire``,
+        occurrence's claim, lock and start record; ``claimed``: which of the
+        other instances' occurrences they took; ``record``, ``acquire``,
         ``release``): what a test reads to see that a tick's occurrences went
         to the store in batches."""
         return collections.Counter(
             start=sum(batch.calls for batch in self._begins.values()),
+            claimed=self._claimed.calls,
             record=self._records.calls,
             acquire=sum(batch.calls for batch in self._acquires.values()),
             release=self._releases.calls,
@@ -346,29 +351,68 @@ class ScheduledTaskStore:
                 first.append((task, occurrence))
             else:
                 later.append((task, occurrence))
-        for group in (first, later):
-            if group is later and later:
-                # Their own instances claim them meanwhile (see _spread).
-                await asyncio.sleep(max(0.0, began + SPREAD_DELAY - time.monotonic()))
-            sent = []
-            for task, occurrence in group:
-                begin = self._new_start(task, occurrence)
-                sent.append((task, begin, self._begin(task.ttl, begin)))
-            for i, (task, begin, answer) in enumerate(sent):
-                begun: _Begun | None = None  # not known: the run asks again, as the same claimant
-                try:
-                    begun = await answer  # answered together: one wait for the lot
-                except asyncio.CancelledError:
-                    for _, _, unread in sent[i:]:
-                        unread.cancel()  # what they won is given back (_orphaned)
-                    raise
-                except Exception:
-                    pass
-                if begun is not None and not begun.claimed:
-                    self._claimed_elsewhere(task.name, begin[0].fire_time)
-                    continue
-                run = functools.partial(self._occurrence, task, begin, begun, begun is None)
-                start(task.name, begin[0].fire_time, run)
+        if await self._start_each(first, start):
+            # Another instance claimed one of this instance's own tasks first:
+            # one that this instance does not know of yet (it just started),
+            # or its peers see fewer instances than it does. Read them soon.
+            self._read_peers(time.monotonic(), PEERS_RECHECK)
+        if later:
+            # Their own instances claim them meanwhile (see _spread).
+            await asyncio.sleep(max(0.0, began + SPREAD_DELAY - time.monotonic()))
+            await self._start_each(await self._unclaimed(later), start)
+
+    async def _start_each(
+        self,
+        group: list[tuple[ScheduledTask, float]],
+        start: Callable[[str, float, Callable[[], Coroutine[Any, Any, Outcome]]], None],
+    ) -> bool:
+        """Start ``group``'s occurrences; whether any was claimed elsewhere."""
+        elsewhere = False
+        sent = []
+        for task, occurrence in group:
+            begin = self._new_start(task, occurrence)
+            sent.append((task, begin, self._begin(task.ttl, begin)))
+        for i, (task, begin, answer) in enumerate(sent):
+            begun: _Begun | None = None  # not known: the run asks again, as the same claimant
+            try:
+                begun = await answer  # answered together: one wait for the lot
+            except asyncio.CancelledError:
+                for _, _, unread in sent[i:]:
+                    unread.cancel()  # what they won is given back (_orphaned)
+                raise
+            except Exception:
+                pass
+            if begun is not None and not begun.claimed:
+                self._claimed_elsewhere(task.name, begin[0].fire_time)
+                elsewhere = True
+                continue
+            run = functools.partial(self._occurrence, task, begin, begun, begun is None)
+            start(task.name, begin[0].fire_time, run)
+        return elsewhere
+
+    async def _unclaimed(
+        self, group: list[tuple[ScheduledTask, float]]
+    ) -> list[tuple[ScheduledTask, float]]:
+        """Those of ``group`` that no instance has claimed yet. The others are
+        claimed elsewhere, known from one read per batch: no claim, lock and
+        record is built and sent for them only to lose (when the instances
+        are all up, that is each instance's other tasks, every tick)."""
+        answers = [self._claimed.soon((task.name, occurrence)) for task, occurrence in group]
+        left = []
+        for i, ((task, occurrence), answer) in enumerate(zip(group, answers, strict=True)):
+            try:
+                taken = await answer
+            except asyncio.CancelledError:
+                for unread in answers[i:]:
+                    unread.cancel()
+                raise
+            except TenureError:
+                taken = False  # not known: its start decides
+            if taken:
+                self._claimed_elsewhere(task.name, occurrence)
+            else:
+                left.append((task, occurrence))
+        return left
 
     async def read_peers(self) -> None:
         """Read which instances serve now (their presence leases), for ``spread``."""
@@ -378,9 +422,9 @@ class ScheduledTaskStore:
         except TenureError as exc:
             log.debug("could not read which instances serve: %s", exc)
 
-    def _read_peers(self, now: float) -> None:
-        """``read_peers`` in the background, every PEERS_REFRESH seconds."""
-        if now - self._peers_read < PEERS_REFRESH or self._reading_peers is not None:
+    def _read_peers(self, now: float, every: float = PEERS_REFRESH) -> None:
+        """``read_peers`` in the background, unless it was read less than ``every`` seconds ago."""
+        if now - self._peers_read < every or self._reading_peers is not None:
             return
         self._peers_read = now
         reading = self._reading_peers = asyncio.ensure_future(self.read_peers())

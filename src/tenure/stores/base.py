@@ -308,6 +308,16 @@ class Store(ABC):
         """
 
     @abstractmethod
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        """For each ``(task, fire_time)`` (distinct tasks), whether that
+        occurrence or a later one of the task is claimed already: then a claim
+        of it by a new claimant answers False. A read, one call for at most
+        ``batch_max``; it writes nothing. Claims only advance, so True stays
+        true: the scheduler skips the start of an occurrence another instance
+        took, instead of sending its claim, lock and record to lose.
+        """
+
+    @abstractmethod
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
         """Insert or replace the record with ``record.run_id``.
 

@@ -845,6 +845,21 @@ class EtcdStore(Store):
     async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
         return (await self.claim_occurrences([Claim(task, fire_time, claimant)]))[0]
 
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        if not occurrences:
+            return []
+        ops = [_read(self._claim_prefix + task.encode()) for task, _ in occurrences]
+        answer = await self._call("Txn", "kv", rpc.TxnRequest(success=ops))
+        # Claimed when the stored "T/claimant" is not less than "T/" (see claim_occurrences).
+        return [
+            bool(kvs) and kvs[0].value >= _micros(fire) + b"/"
+            for kvs, (_, fire) in zip(
+                (response.response_range.kvs for response in answer.responses),
+                occurrences,
+                strict=True,
+            )
+        ]
+
     async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         values = []
         ops = []

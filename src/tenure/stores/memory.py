@@ -180,6 +180,14 @@ class MemoryStore(Store):
             self._claims[task] = (fire_time, claimant)
             return True
 
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        with self._mutex:
+            lasts = [self._claims.get(task) for task, _ in occurrences]
+        return [
+            last is not None and last[0] >= fire
+            for last, (_, fire) in zip(lasts, occurrences, strict=True)
+        ]
+
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
         with self._mutex:
             self._runs[record.run_id] = record

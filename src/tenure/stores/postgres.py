@@ -539,6 +539,9 @@ class PostgresStore(Store):
             "INSERT INTO {claims} AS c (task, fire_time, claimant) VALUES (%s, %s, %s) "
             + claim_or_not
         )
+        self._sql_claimed = names.render(
+            "SELECT task, fire_time FROM {claims} WHERE task = ANY(%s)"
+        )
         record_or_replace = (
             "ON CONFLICT (run_id) DO UPDATE SET fire_time = excluded.fire_time,"
             " instance = excluded.instance, started = excluded.started, ended = excluded.ended,"
@@ -1146,6 +1149,13 @@ class PostgresStore(Store):
         await self._query(self._sql_record, record.row())
         if record.ended is not None:
             await self._query(self._sql_trim, {"task": record.task, "skip": keep - 1})
+
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        if not occurrences:
+            return []
+        rows = await self._query(self._sql_claimed, ([task for task, _ in occurrences],))
+        last = dict(rows)
+        return [task in last and last[task] >= fire for task, fire in occurrences]
 
     async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         return [bool(rows) for rows in await self._query_each(self._sql_claim, claims)]

@@ -964,6 +964,20 @@ class RedisStore(Store):
         answers = await self._script("claim", keys, args)
         return [bool(answer) for answer in answers]
 
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        if not occurrences:
+            return []
+        # One slot ({prefix:claims}), so one MGET on a cluster too.
+        keys = [f"{{{self.prefix}:claims}}:{task}" for task, _ in occurrences]
+        values: list[bytes | None] = await self._call("mget", keys)
+        answers = []
+        for value, (_, fire) in zip(values, occurrences, strict=True):
+            # '<fire time>\n<claimant>'; a key of an older shape answers False,
+            # and the claim itself then says what is wrong.
+            last, sep, _claimant = (value or b"").partition(b"\n")
+            answers.append(bool(sep) and float(last) >= fire)
+        return answers
+
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         answers = await self._scripts([("acquire", *self._acquire_call(*item)) for item in items])
         return [None if fence is None else Grant(int(fence)) for fence in answers]

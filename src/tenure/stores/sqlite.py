@@ -736,6 +736,18 @@ class SQLiteStore(Store):
         )
         return bool(rows)
 
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        if not occurrences:
+            return []
+        marks = ", ".join("?" * len(occurrences))
+        last = dict(
+            self._run(
+                f"SELECT task, fire_time FROM {self.prefix}_claims WHERE task IN ({marks})",
+                [task for task, _ in occurrences],
+            )
+        )
+        return [task in last and last[task] >= fire for task, fire in occurrences]
+
     async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
         with self._transaction():
             return [self._claim_now(*claim) for claim in claims]
