@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import hiredis
 import pytest
 import redis
 from redis.asyncio import Redis
@@ -16,7 +17,7 @@ from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
-from tenure.stores.redis import RedisStore, _BlockingRedisStore, _version_numbers
+from tenure.stores.redis import RedisStore, _BlockingRedisStore, _packed_here, _version_numbers
 
 from ..conftest import STORES
 from ..helpers.procs import ROOT
@@ -352,3 +353,11 @@ async def test_a_claim_of_an_older_shape_is_named_as_such(server: RedisServer) -
             await store.claim_occurrence("job", 120.0, "host:1:me")
     finally:
         await store.aclose()
+
+
+def test_commands_are_encoded_alike_with_and_without_hiredis() -> None:
+    """The pre-encoded script calls use hiredis's packer when it is installed,
+    else tenure's own: both give redis-py's bytes (a float as its repr)."""
+    parts = ("EVALSHA", b"\x00sha", 2, "{t:é}:lease", 1733400000.123456, 1e-07, 1 / 3, -5, "")
+    assert _packed_here(parts) == hiredis.pack_command(parts)  # type: ignore[arg-type]
+    assert _packed_here(("a", 0.5)) == b"*2\r\n$1\r\na\r\n$3\r\n0.5\r\n"

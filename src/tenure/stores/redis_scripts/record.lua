@@ -7,13 +7,4 @@
 if ARGV[2] ~= '' then
   record(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 end
-local keep = tonumber(ARGV[4])
-if keep == 0 then
-  return 0
-end
-local old = redis.call('ZRANGE', KEYS[2], 0, -keep - 1)
-if #old > 0 then
-  redis.call('HDEL', KEYS[1], unpack(old))
-  redis.call('ZREM', KEYS[2], unpack(old))
-end
-return #old
+return trim(KEYS[1], KEYS[2], tonumber(ARGV[4]))
