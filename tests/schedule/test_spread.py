@@ -159,7 +159,8 @@ async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instan
         [scheduler], _ = _schedulers([locks], 20)
         serving = asyncio.ensure_future(scheduler.serve())
         await scheduler.tasks.presence.ready(10)
-        await asyncio.sleep(0.3)  # serve()'s own first read of the instances is done
+        # Past its first seconds, when it reads the instances every second anyway.
+        await asyncio.sleep(PEERS_REFRESH + 0.5)
         await scheduler.tasks.read_peers()
         spread = scheduler.tasks.spread
         assert spread.peers == {locks.holder}, "alone: every task is its own"
@@ -182,3 +183,33 @@ async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instan
         assert scheduler.tasks.counts["claimed_elsewhere"] > 0, "it found its own taken"
         assert "newcomer" in spread.peers, "it read the instances again"
         assert known_after < 4.0 < PEERS_REFRESH, known_after
+
+
+async def test_a_starting_instance_reads_the_instances_every_second(tmp_path: Path) -> None:
+    """Instances that start together may miss each other at their first read:
+    during its first seconds an instance reads them every second, so an
+    instance that appears then is known soon even if it never claims first."""
+    url = f"sqlite://{tmp_path}/together.db"
+    async with (
+        LockService.from_url(url) as locks,
+        LockService.from_url(url, holder="sibling") as sibling,
+    ):
+        [scheduler], _ = _schedulers([locks], 5)
+        serving = asyncio.ensure_future(scheduler.serve())
+        await scheduler.tasks.presence.ready(10)
+        await asyncio.sleep(0.3)  # serve()'s own first read of the instances is done
+        spread = scheduler.tasks.spread
+        assert spread.peers == {locks.holder}
+        appeared = time.monotonic()
+        presence = await sibling.acquire(presence_name("sibling"), ttl=30)
+        assert presence is not None
+        for _ in range(60):  # 3 s at most
+            if "sibling" in spread.peers:
+                break
+            await asyncio.sleep(0.05)
+        known_after = time.monotonic() - appeared
+        scheduler.stop()
+        await serving
+        await presence.release()
+        assert "sibling" in spread.peers, "it read the instances again while starting"
+        assert known_after < 3.0 < PEERS_REFRESH, known_after

@@ -18,8 +18,11 @@ that in a healthy cluster no claim, lock and record is built and sent to lose.
 
 An instance learns that another one started at its next read of the
 instances; until then both may count a task as theirs and claim it at once
-(one of them wins it). An instance that finds its own occurrences claimed
-elsewhere reads the instances again within ``PEERS_RECHECK``.
+(one of them wins it). So an instance reads them every ``PEERS_RECHECK``
+during its first ``PEERS_REFRESH`` seconds of ticks (instances that start
+together each see the others within a second or two), and again within
+``PEERS_RECHECK`` whenever it finds one of its own occurrences claimed
+elsewhere (an instance started since its last read).
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ PEERS_REFRESH = 5.0
 """Seconds between two reads of which instances serve (their presence leases)."""
 
 PEERS_RECHECK = 1.0
-"""Seconds between two reads while another instance claims this one's own
-occurrences first: an instance that just started is known to the others
-within a second or two, not only at their next PEERS_REFRESH."""
+"""Seconds between two reads while an instance starts, or while another one
+claims its own occurrences first: a new instance is known within a second
+or two, not only at the next PEERS_REFRESH."""
 
 
 class Spread:

@@ -177,6 +177,7 @@ class ScheduledTaskStore:
         self.spread = Spread(locks.holder)
         """Which tasks this instance claims first (see ``_spread``)."""
         self._peers_read = -math.inf
+        self._first_tick: float | None = None
         self._reading_peers: asyncio.Future[None] | None = None
         """The background read of the instances in flight (``_read_peers``), if any."""
         self._missed_records = MissedRecords(
@@ -340,7 +341,12 @@ class ScheduledTaskStore:
         and record, so what the store took is still its own)."""
         self.presence.keep()
         began = time.monotonic()
-        self._read_peers(began)
+        if self._first_tick is None:
+            self._first_tick = began
+        # Instances that start together may each miss the others' presence at
+        # their first read: read again every second while starting.
+        starting = began - self._first_tick < PEERS_REFRESH
+        self._read_peers(began, PEERS_RECHECK if starting else PEERS_REFRESH)
         first: list[tuple[ScheduledTask, float]] = []
         later: list[tuple[ScheduledTask, float]] = []
         for name, occurrence in due:
