@@ -144,6 +144,15 @@ async def test_the_share_of_a_dead_instance_still_runs(tmp_path: Path) -> None:
         await presence.release()
 
 
+async def _until_known(spread: Spread, peer: str, since: float, most: float) -> float:
+    """Seconds from ``since`` (monotonic) until ``spread`` knows ``peer``, at most ``most``."""
+    for _ in range(int(most / 0.05)):
+        if peer in spread.peers:
+            break
+        await asyncio.sleep(0.05)
+    return time.monotonic() - since
+
+
 async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instances_again(
     tmp_path: Path,
 ) -> None:
@@ -172,11 +181,7 @@ async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instan
         ahead = math.ceil(time.time()) + 3.0
         for i in range(20):
             assert await newcomer.store.claim_occurrence(f"t{i}", ahead, "newcomer/1")
-        for _ in range(80):  # 4 s at most
-            if "newcomer" in spread.peers:
-                break
-            await asyncio.sleep(0.05)
-        known_after = time.monotonic() - joined
+        known_after = await _until_known(spread, "newcomer", joined, 4.0)
         scheduler.stop()
         await serving
         await presence.release()
@@ -203,11 +208,7 @@ async def test_a_starting_instance_reads_the_instances_every_second(tmp_path: Pa
         appeared = time.monotonic()
         presence = await sibling.acquire(presence_name("sibling"), ttl=30)
         assert presence is not None
-        for _ in range(60):  # 3 s at most
-            if "sibling" in spread.peers:
-                break
-            await asyncio.sleep(0.05)
-        known_after = time.monotonic() - appeared
+        known_after = await _until_known(spread, "sibling", appeared, 3.0)
         scheduler.stop()
         await serving
         await presence.release()
