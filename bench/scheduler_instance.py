@@ -6,8 +6,8 @@ Registers TASKS tasks ``t0``..``tN`` on ``* * * * * *``, waits until the
 POSIX time START, serves for SECONDS, then prints one JSON line:
 
 * ``ran``: ``{fire_time: [task indices]}`` of the runs this instance made;
-* ``late``: the lateness of each run, seconds: when the task's first line ran
-  minus its occurrence's fire time (``tenure.current_run()``);
+* ``late``: ``[fire_time, lateness]`` of each run, seconds: when the task's
+  first line ran minus its occurrence's fire time (``tenure.current_run()``);
 * ``outcomes``: the scheduler's counts by outcome;
 * ``store_calls``: the scheduler's store calls by step, and ``ticks``: the
   fire times it reached;
@@ -40,7 +40,7 @@ def _cpu() -> float:
 
 async def tenure_instance(url: str, tasks: int, start: float, seconds: float) -> dict[str, object]:
     ran: dict[float, list[int]] = collections.defaultdict(list)
-    late: list[float] = []
+    late: list[tuple[float, float]] = []
     ticks: set[float] = set()
 
     def listener(task: str, occurrence: float | None, outcome: str) -> None:
@@ -55,7 +55,7 @@ async def tenure_instance(url: str, tasks: int, start: float, seconds: float) ->
                 async def task() -> None:
                     run = current_run()
                     assert run.fire_time is not None
-                    late.append(time.time() - run.fire_time)
+                    late.append((run.fire_time, time.time() - run.fire_time))
                     ran[run.fire_time].append(index)
 
                 return task
@@ -83,14 +83,14 @@ async def apscheduler_instance(tasks: int, start: float, seconds: float) -> dict
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
     ran: dict[float, list[int]] = collections.defaultdict(list)
-    late: list[float] = []
+    late: list[tuple[float, float]] = []
     scheduler = AsyncIOScheduler(timezone="UTC")
     for i in range(tasks):
 
         async def job(index: int = i) -> None:
             now = time.time()
             fire = float(int(now))  # every second, on the second: the due time
-            late.append(now - fire)
+            late.append((fire, now - fire))
             ran[fire].append(index)
 
         scheduler.add_job(job, "cron", second="*", id=f"t{i}", misfire_grace_time=30)

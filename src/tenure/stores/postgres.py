@@ -394,12 +394,13 @@ class PostgresStore(Store):
             " acquired = CASE WHEN l.token = excluded.token AND l.expires > clock_timestamp()"
             " THEN l.acquired ELSE excluded.acquired END "
             "WHERE l.token IS NULL OR l.expires <= clock_timestamp() OR l.token = excluded.token "
-            "RETURNING l.fence"
         )
         self._sql_acquire = names.render(
             "INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired) "
             "VALUES (%s, %s, %s, nextval({fence_literal}),"
-            " clock_timestamp() + make_interval(secs => %s), clock_timestamp()) " + acquire_or_not
+            " clock_timestamp() + make_interval(secs => %s), clock_timestamp()) "
+            + acquire_or_not
+            + "RETURNING l.fence"
         )
         self._sql_renew = names.render(
             "UPDATE {leases} AS l SET expires = clock_timestamp() + make_interval(secs => b.ttl) "
@@ -533,11 +534,11 @@ class PostgresStore(Store):
             "ON CONFLICT (task) DO UPDATE SET fire_time = excluded.fire_time,"
             " claimant = excluded.claimant WHERE c.fire_time < excluded.fire_time"
             " OR (c.fire_time = excluded.fire_time AND c.claimant = excluded.claimant) "
-            "RETURNING 1"
         )
         self._sql_claim = names.render(
             "INSERT INTO {claims} AS c (task, fire_time, claimant) VALUES (%s, %s, %s) "
             + claim_or_not
+            + "RETURNING 1"
         )
         self._sql_claimed = names.render(
             "SELECT task, fire_time FROM {claims} WHERE task = ANY(%s)"
@@ -551,22 +552,46 @@ class PostgresStore(Store):
             "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
             " error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) " + record_or_replace
         )
-        # An occurrence's start in one statement, one transaction: the claim;
-        # for a claim won, the acquire; for a grant, the start record. Each
-        # step reads the one before through its RETURNING (data-modifying
-        # CTEs see no other effect of the same statement; the tables differ).
+        # A batch of occurrence starts in one statement, one transaction (one
+        # commit, not one per occurrence): the claims; for each claim won, the
+        # acquire; for each grant, the start record. Each step reads the one
+        # before through its RETURNING (data-modifying CTEs see no other effect
+        # of the same statement; the tables differ). Rows are written in task
+        # order, so two batches that share tasks lock them in the same order.
         self._sql_start = names.render(
-            "WITH c AS (INSERT INTO {claims} AS c (task, fire_time, claimant)"
-            " VALUES (%(task)s, %(fire)s, %(claimant)s) " + claim_or_not + "), "
+            "WITH i AS (SELECT * FROM unnest(%(task)s::text[], %(fire)s::float8[],"
+            " %(claimant)s::text[], %(token)s::text[], %(holder)s::text[], %(ttl)s::float8[],"
+            " %(run_id)s::text[], %(run_fire)s::float8[], %(instance)s::text[],"
+            " %(started)s::float8[], %(outcome)s::text[]) WITH ORDINALITY"
+            " AS i(task, fire, claimant, token, holder, ttl, run_id, run_fire, instance, started,"
+            " outcome, n)), "
+            "c AS (INSERT INTO {claims} AS c (task, fire_time, claimant)"
+            " SELECT task, fire, claimant FROM i ORDER BY task "
+            + claim_or_not
+            + "RETURNING c.task), "
             "g AS (INSERT INTO {leases} AS l (name, token, holder, fence, expires, acquired)"
-            " SELECT %(name)s, %(token)s, %(holder)s, nextval({fence_literal}),"
-            " clock_timestamp() + make_interval(secs => %(ttl)s), clock_timestamp() FROM c "
+            " SELECT i.task, i.token, i.holder, nextval({fence_literal}),"
+            " clock_timestamp() + make_interval(secs => i.ttl), clock_timestamp()"
+            " FROM i JOIN c USING (task) ORDER BY i.task "
             + acquire_or_not
-            + "), r AS (INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended,"
-            " outcome, error) SELECT %(run_id)s, %(run_task)s, %(run_fire)s, %(instance)s,"
-            " %(started)s,"
-            " NULL, %(outcome)s, NULL FROM g " + record_or_replace + ") "
-            "SELECT EXISTS (SELECT FROM c), (SELECT fence FROM g)"
+            + "RETURNING l.name, l.fence), "
+            "r AS (INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended,"
+            " outcome, error) SELECT i.run_id, i.task, i.run_fire, i.instance, i.started, NULL,"
+            " i.outcome, NULL FROM i JOIN g ON g.name = i.task " + record_or_replace + ") "
+            "SELECT c.task IS NOT NULL, g.fence FROM i LEFT JOIN c USING (task)"
+            " LEFT JOIN g ON g.name = i.task ORDER BY i.n"
+        )
+        # A batch of run records in one statement; then the tasks of the ended
+        # ones trimmed in one more (a statement does not see its own inserts).
+        self._sql_records = names.render(
+            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome, error)"
+            " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::text[],"
+            " %s::float8[], %s::float8[], %s::text[], %s::text[]) " + record_or_replace
+        )
+        self._sql_trim_each = names.render(
+            "DELETE FROM {runs} r USING unnest(%(tasks)s::text[]) AS t(task)"
+            " WHERE r.task = t.task AND r.started < (SELECT x.started FROM {runs} x"
+            " WHERE x.task = t.task ORDER BY x.started DESC LIMIT 1 OFFSET %(skip)s)"
         )
         self._sql_trim = names.render(
             "DELETE FROM {runs} WHERE task = %(task)s AND started < (SELECT started FROM {runs}"
@@ -1167,30 +1192,27 @@ class PostgresStore(Store):
         return [Grant(rows[0][0]) if rows else None for rows in answers]
 
     async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
-        answers = await self._query_each(
+        if not items:
+            return []
+        # One array per column (a lock's name and a record's task are its claim's task).
+        rows = await self._query(
             self._sql_start,
-            [
-                {
-                    "task": claim.task,
-                    "fire": claim.fire_time,
-                    "claimant": claim.claimant,
-                    "name": lock.name,
-                    "token": lock.token,
-                    "holder": lock.holder,
-                    "ttl": lock.ttl,
-                    "run_id": record.run_id,
-                    "run_task": record.task,
-                    "run_fire": record.fire_time,
-                    "instance": record.instance,
-                    "started": record.started,
-                    "outcome": record.outcome,
-                }
-                for claim, lock, record in items
-            ],
+            {
+                "task": [claim.task for claim, _, _ in items],
+                "fire": [claim.fire_time for claim, _, _ in items],
+                "claimant": [claim.claimant for claim, _, _ in items],
+                "token": [lock.token for _, lock, _ in items],
+                "holder": [lock.holder for _, lock, _ in items],
+                "ttl": [lock.ttl for _, lock, _ in items],
+                "run_id": [record.run_id for _, _, record in items],
+                "run_fire": [record.fire_time for _, _, record in items],
+                "instance": [record.instance for _, _, record in items],
+                "started": [record.started for _, _, record in items],
+                "outcome": [str(record.outcome) for _, _, record in items],
+            },
         )
         return [
-            Started(claimed, None if fence is None else Grant(fence))
-            for ((claimed, fence),) in answers
+            Started(claimed, None if fence is None else Grant(fence)) for claimed, fence in rows
         ]
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
@@ -1201,9 +1223,16 @@ class PostgresStore(Store):
         return [bool(rows and rows[0][0]) for rows in answers]
 
     async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
-        await self._query_each(self._sql_record, [r.row() for r in records])
+        if not records:
+            return
+        # One array per column, in RunRecord's field order.
+        await self._query(
+            self._sql_records,
+            [list(column) for column in zip(*map(RunRecord.row, records), strict=True)],
+        )
         ended = sorted({r.task for r in records if r.ended is not None})
-        await self._query_each(self._sql_trim, [{"task": task, "skip": keep - 1} for task in ended])
+        if ended:
+            await self._query(self._sql_trim_each, {"tasks": ended, "skip": keep - 1})
 
     async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
         answers = await self._query_each(
