@@ -188,12 +188,15 @@ async def test_start_runs_claims_acquires_and_records_each_occurrence(
     [info] = await store.holders("free")
     assert (info.holder, info.fencing_token) == (me, free.grant.fencing_token)
     stored = await store.stored_runs("free")
-    assert [(r.run_id, r.outcome) for r in stored] == [("run-free", "running")]
+    # The record names the grant, written in the same step as the claim.
+    assert [(r.run_id, r.outcome, r.fence) for r in stored] == [
+        ("run-free", "running", free.grant.fencing_token)
+    ]
     assert await store.stored_runs("busy") == [] and await store.stored_runs("taken") == []
     # Resent after a lost answer: the claim, the lock and the record are its own still.
     again = await store.start_runs(items[:1], keep=10)
     assert again == [free]
-    assert len(await store.stored_runs("free")) == 1
+    assert [r.fence for r in await store.stored_runs("free")] == [free.grant.fencing_token]
     # Another claimant of the same occurrence gets nothing.
     assert await store.start_runs([start("free", "host:2:you", you)], keep=10) == [
         Started(False, None)

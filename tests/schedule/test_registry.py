@@ -8,7 +8,15 @@ import threading
 
 import pytest
 
-from tenure import InvalidArgument, LockService, Outcome, RunOutcome, Scheduler
+from tenure import (
+    InvalidArgument,
+    LockService,
+    Outcome,
+    RunOutcome,
+    RunRecord,
+    Scheduler,
+    current_run,
+)
 from tenure.schedule import CronSchedule
 
 from ..helpers.lapse import lapse
@@ -113,6 +121,36 @@ async def test_manual_run_is_recorded(scheduler: Scheduler, locks: LockService) 
     assert record.ended is not None
     assert record.ended >= record.started
     assert record.error is None
+
+
+async def test_a_runs_record_names_the_fencing_token_it_held(
+    scheduler: Scheduler, locks: LockService, other: LockService
+) -> None:
+    held: list[int] = []
+    while_running: list[RunRecord] = []
+
+    @scheduler.cron("0 3 * * *", name="fenced")
+    async def fenced() -> None:
+        lock = current_run().lock
+        assert lock is not None
+        held.append(lock.fencing_token)
+        while_running.extend(await locks.store.runs("fenced"))
+
+    assert await scheduler.tasks.run("fenced", occurrence=600.0) is Outcome.RAN
+    # The start record, written with the claim, already names the grant.
+    [running] = while_running
+    assert (running.outcome, running.fence) == (RunOutcome.RUNNING, held[0])
+    [ran] = await locks.store.runs("fenced")
+    assert (ran.outcome, ran.fence) == (RunOutcome.RAN, held[0])
+    assert await scheduler.tasks.run("fenced") is Outcome.RAN  # by hand
+    manual, _ = await locks.store.runs("fenced")
+    assert manual.fire_time is None and manual.fence == held[1] > held[0]
+    busy = await other.acquire("fenced", ttl=5)
+    assert busy is not None
+    assert await scheduler.tasks.run("fenced", occurrence=660.0) is Outcome.SKIPPED
+    skipped = (await locks.store.runs("fenced"))[0]
+    assert (skipped.outcome, skipped.fence) == (RunOutcome.SKIPPED, None), "it held none"
+    await busy.release()
 
 
 async def test_contention_is_skipped_silently(

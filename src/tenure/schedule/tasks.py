@@ -157,6 +157,8 @@ class ScheduledTaskStore:
         them all busy and their queue full ends ``missed`` ("thread pool full")."""
         self._tasks: dict[str, ScheduledTask] = {}
         self._orphans: set[asyncio.Task[None]] = set()
+        self._fences: dict[str, int] = {}
+        """The fencing token each run going on holds, by run id (``_under``), for its end record."""
         self.counts: collections.Counter[str] = collections.Counter()
         """Runs by outcome (``missed`` among them), plus ``claimed_elsewhere`` for
         occurrences another instance took, and ``missed_merged`` for missed
@@ -645,7 +647,10 @@ class ScheduledTaskStore:
         finally:
             self.counts[result] += 1
             self._tell(name, occurrence, result, time.monotonic() - began)
-            finished = dataclasses.replace(record, ended=self.clock(), outcome=result, error=error)
+            fence = self._fences.pop(record.run_id, record.fence)
+            finished = dataclasses.replace(
+                record, ended=self.clock(), outcome=result, error=error, fence=fence
+            )
             try:
                 await asyncio.shield(self._records.soon(finished))
             except Exception as exc:  # the run's own outcome matters more than its record
@@ -675,6 +680,7 @@ class ScheduledTaskStore:
         released after it."""
         if lock is None:
             return Outcome.SKIPPED
+        self._fences[record.run_id] = lock.fencing_token
         reset = _current_run.set(CurrentRun(task.name, record.fire_time, record.run_id, lock))
         try:
             if not is_async(task.fn) and self.threads.full():

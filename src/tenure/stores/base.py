@@ -27,6 +27,7 @@ Rules every implementation follows:
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,7 +99,8 @@ class Claim(NamedTuple):
 class StartItem(NamedTuple):
     """One occurrence's start (:meth:`Store.start_runs`): its claim, the
     acquire of its task's lock (``lock.name`` is ``claim.task``) and its
-    start record (outcome ``running``)."""
+    start record (outcome ``running``; the store writes it with the grant's
+    fencing token as its ``fence``)."""
 
     claim: Claim
     lock: AcquireItem
@@ -155,10 +157,19 @@ class RunRecord:
     ``missed`` (it could not run) or ``abandoned`` (its instance died while it
     ran: see :meth:`Store.runs`)."""
     error: str | None = None
+    fence: int | None = None
+    """The fencing token of the task's lock that the run held; None when it
+    held none (skipped, missed, or a task with ``exclusive=False``). An
+    occurrence's start writes it with its claim and its ``running`` record in
+    one atomic step, so a run killed at any point leaves a record naming its
+    grant."""
 
-    def row(self) -> tuple[str, str, float | None, str, float, float | None, str, str | None]:
+    def row(
+        self,
+    ) -> tuple[str, str, float | None, str, float, float | None, str, str | None, int | None]:
         """The fields in order, as the stores write them and ``RunRecord(*row)``
-        reads them back (``dataclasses.astuple`` costs twenty times as much)."""
+        reads them back (``dataclasses.astuple`` costs twenty times as much).
+        A stored row of eight fields (before ``fence``) reads with no fence."""
         return (
             self.run_id,
             self.task,
@@ -168,6 +179,7 @@ class RunRecord:
             self.ended,
             self.outcome,
             self.error,
+            self.fence,
         )
 
 
@@ -341,7 +353,8 @@ class Store(ABC):
 
     async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
         """Start each occurrence of ``items`` (distinct tasks): claim it; if
-        claimed, acquire its lock; if granted, write its start record. One
+        claimed, acquire its lock; if granted, write its start record, with
+        the grant's fencing token as its ``fence``. One
         answer each, in order.
 
         A store that can makes each item one atomic step (one transaction,
@@ -358,7 +371,7 @@ class Store(ABC):
         grants = iter(await self.acquire_many([item.lock for item in won]) if won else [])
         answers = [Started(yes, next(grants) if yes else None) for yes in claimed]
         records = [
-            item.record
+            dataclasses.replace(item.record, fence=answer.grant.fencing_token)
             for item, answer in zip(items, answers, strict=True)
             if answer.grant is not None
         ]

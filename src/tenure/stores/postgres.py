@@ -124,7 +124,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("tenure.stores.postgres")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 PRUNE_AFTER = "10 minutes"
 """How long after its expiry a lease row may be pruned (see the module docstring)."""
 _POLL_WITHOUT_LISTEN = 0.5
@@ -251,7 +251,8 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    started double precision NOT NULL,\n"
         "    ended double precision,\n"
         "    outcome text NOT NULL,\n"
-        "    error text\n"
+        "    error text,\n"
+        "    fence bigint\n"
         ");\n"
         "CREATE INDEX IF NOT EXISTS {runs_index} ON {runs} (task, started);\n"
         "CREATE TABLE IF NOT EXISTS {meta} (\n"
@@ -546,11 +547,11 @@ class PostgresStore(Store):
         record_or_replace = (
             "ON CONFLICT (run_id) DO UPDATE SET fire_time = excluded.fire_time,"
             " instance = excluded.instance, started = excluded.started, ended = excluded.ended,"
-            " outcome = excluded.outcome, error = excluded.error"
+            " outcome = excluded.outcome, error = excluded.error, fence = excluded.fence"
         )
         self._sql_record = names.render(
             "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
-            " error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) " + record_or_replace
+            " error, fence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) " + record_or_replace
         )
         # A batch of occurrence starts in one statement, one transaction (one
         # commit, not one per occurrence): the claims; for each claim won, the
@@ -576,17 +577,20 @@ class PostgresStore(Store):
             + acquire_or_not
             + "RETURNING l.name, l.fence), "
             "r AS (INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended,"
-            " outcome, error) SELECT i.run_id, i.task, i.run_fire, i.instance, i.started, NULL,"
-            " i.outcome, NULL FROM i JOIN g ON g.name = i.task " + record_or_replace + ") "
+            " outcome, error, fence) SELECT i.run_id, i.task, i.run_fire, i.instance, i.started,"
+            " NULL, i.outcome, NULL, g.fence FROM i JOIN g ON g.name = i.task "
+            + record_or_replace
+            + ") "
             "SELECT c.task IS NOT NULL, g.fence FROM i LEFT JOIN c USING (task)"
             " LEFT JOIN g ON g.name = i.task ORDER BY i.n"
         )
         # A batch of run records in one statement; then the tasks of the ended
         # ones trimmed in one more (a statement does not see its own inserts).
         self._sql_records = names.render(
-            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome, error)"
-            " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::text[],"
-            " %s::float8[], %s::float8[], %s::text[], %s::text[]) " + record_or_replace
+            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
+            " error, fence) SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[],"
+            " %s::text[], %s::float8[], %s::float8[], %s::text[], %s::text[], %s::int8[]) "
+            + record_or_replace
         )
         self._sql_trim_each = names.render(
             "DELETE FROM {runs} r USING unnest(%(tasks)s::text[]) AS t(task)"
@@ -601,7 +605,7 @@ class PostgresStore(Store):
             "UPDATE {runs} SET ended = %s, outcome = %s, error = %s"
             f" WHERE run_id = %s AND outcome = '{RUNNING}' RETURNING 1"
         )
-        columns = "run_id, task, fire_time, instance, started, ended, outcome, error"
+        columns = "run_id, task, fire_time, instance, started, ended, outcome, error, fence"
         self._sql_runs_all = names.render(
             f"SELECT {columns} FROM {{runs}} ORDER BY started DESC LIMIT %s"
         )

@@ -1015,7 +1015,9 @@ class RedisStore(Store):
             keys += [f"{{{self.prefix}:claims}}:{claim.task}", *lease_keys]
             keys += self._runs_keys(record.task)
             args += [repr(float(claim.fire_time)), claim.claimant, *lease_args]
-            args += [record.run_id, json.dumps(record.row()), repr(record.started), record.task]
+            # Its fence last, null: start.lua writes the grant's in its place.
+            row = json.dumps((*record.row()[:-1], None))
+            args += [record.run_id, row, repr(record.started), record.task]
         answers = await self._script("start", keys, args)
         return [
             Started(answer >= 0, Grant(int(answer)) if answer > 0 else None) for answer in answers

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -100,7 +101,7 @@ __all__ = ("SQLiteStore",)
 
 log = logging.getLogger("tenure.sqlite")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PAGE_SIZE = 1024
 """Of a database file tenure creates. A grant or release rewrites one small
 row, and every commit appends the pages it changed to the WAL: at a quarter
@@ -508,7 +509,7 @@ class SQLiteStore(Store):
                 conn.execute(
                     f"CREATE TABLE {p}_runs (run_id TEXT PRIMARY KEY, task TEXT NOT NULL,"
                     " fire_time REAL, instance TEXT NOT NULL, started REAL NOT NULL, ended REAL,"
-                    " outcome TEXT NOT NULL, error TEXT) STRICT"
+                    " outcome TEXT NOT NULL, error TEXT, fence INTEGER) STRICT"
                 )
                 conn.execute(f"CREATE INDEX {p}_runs_task ON {p}_runs (task, started)")
                 conn.executemany(
@@ -765,7 +766,7 @@ class SQLiteStore(Store):
                     continue
                 grant = self.acquire_now(*lock)
                 if grant is not None:
-                    self._record_now(record, keep)
+                    self._record_now(dataclasses.replace(record, fence=grant.fencing_token), keep)
                 answers.append(Started(True, grant))
         return answers
 
@@ -785,7 +786,7 @@ class SQLiteStore(Store):
         p = self.prefix
         self._run(
             f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
-            " ended, outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " ended, outcome, error, fence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             # The columns are RunRecord's fields, in order; runs() reads them back the same way.
             record.row(),
         )
@@ -814,7 +815,7 @@ class SQLiteStore(Store):
 
     async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         p = self.prefix
-        columns = "run_id, task, fire_time, instance, started, ended, outcome, error"
+        columns = "run_id, task, fire_time, instance, started, ended, outcome, error, fence"
         if task is None:
             rows = self._run(
                 f"SELECT {columns} FROM {p}_runs ORDER BY started DESC LIMIT ?", (limit,)

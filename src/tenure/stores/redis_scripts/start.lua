@@ -5,7 +5,9 @@
 -- then per item i, KEYS[5i-3 .. 5i+1]: the claim key, the lease hash, the
 --   fence counter, the run records hash, the run index
 -- ARGV per item i, ARGV[9i-8 .. 9i]: fire time, claimant, token, ttl in ms,
---   holder id, run_id, the JSON start record, start time, task name
+--   holder id, run_id, the JSON start record (a JSON array whose last item,
+--   the fence, is null: the grant's fencing token is written in its place),
+--   start time, task name
 -- Returns one answer per item: -1 claimed elsewhere; 0 claimed, the lock is
 -- held; else the fencing token of the grant (the record is written).
 local answers = {}
@@ -20,7 +22,8 @@ for i = 1, n do
   if claimed == 1 then
     answer = acquire(KEYS[k + 1], KEYS[k + 2], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]) or 0
     if answer ~= 0 then
-      record(KEYS[k + 3], KEYS[k + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+      local json = string.sub(ARGV[a + 6], 1, -6) .. string.format('%d', answer) .. ']'
+      record(KEYS[k + 3], KEYS[k + 4], ARGV[a + 5], json, ARGV[a + 7])
       redis.call('SADD', KEYS[1], ARGV[a + 8])
     end
   end
