@@ -549,10 +549,6 @@ class PostgresStore(Store):
             " instance = excluded.instance, started = excluded.started, ended = excluded.ended,"
             " outcome = excluded.outcome, error = excluded.error, fence = excluded.fence"
         )
-        self._sql_record = names.render(
-            "INSERT INTO {runs} (run_id, task, fire_time, instance, started, ended, outcome,"
-            " error, fence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) " + record_or_replace
-        )
         # A batch of occurrence starts in one statement, one transaction (one
         # commit, not one per occurrence): the claims; for each claim won, the
         # acquire; for each grant, the start record. Each step reads the one
@@ -596,10 +592,6 @@ class PostgresStore(Store):
             "DELETE FROM {runs} r USING unnest(%(tasks)s::text[]) AS t(task)"
             " WHERE r.task = t.task AND r.started < (SELECT x.started FROM {runs} x"
             " WHERE x.task = t.task ORDER BY x.started DESC LIMIT 1 OFFSET %(skip)s)"
-        )
-        self._sql_trim = names.render(
-            "DELETE FROM {runs} WHERE task = %(task)s AND started < (SELECT started FROM {runs}"
-            " WHERE task = %(task)s ORDER BY started DESC LIMIT 1 OFFSET %(skip)s)"
         )
         self._sql_abandon = names.render(
             "UPDATE {runs} SET ended = %s, outcome = %s, error = %s"
@@ -1174,10 +1166,7 @@ class PostgresStore(Store):
         return bool(await self._query(self._sql_claim, (task, fire_time, claimant)))
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        # The columns are RunRecord's fields, in order; runs() reads them back the same way.
-        await self._query(self._sql_record, record.row())
-        if record.ended is not None:
-            await self._query(self._sql_trim, {"task": record.task, "skip": keep - 1})
+        await self.record_runs([record], keep=keep)
 
     async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
         if not occurrences:

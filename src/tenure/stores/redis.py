@@ -1064,8 +1064,7 @@ class RedisStore(Store):
         return self._runs_keys(record.task), (record.run_id, payload, repr(record.started), trim)
 
     async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        await self._script("record", *self._record_call(record, keep))
-        await self._call("sadd", f"{{{self.prefix}:tasks}}", record.task)
+        await self.record_runs([record], keep=keep)
 
     async def _trim(self, task: str, keep: int) -> int:
         records, index = self._runs_keys(task)
