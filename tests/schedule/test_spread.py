@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tenure import LockService, RunOutcome, Scheduler
@@ -153,6 +155,28 @@ async def _until_known(spread: Spread, peer: str, since: float, most: float) -> 
     return time.monotonic() - since
 
 
+@contextlib.asynccontextmanager
+async def _serving_alone(
+    tmp_path: Path, tasks: int, other: str
+) -> AsyncIterator[tuple[Scheduler, LockService]]:
+    """A scheduler of ``tasks`` tasks serving on a SQLite file where it is the
+    only instance so far, and a service of holder ``other`` on the same file;
+    the scheduler is stopped on the way out."""
+    url = f"sqlite://{tmp_path}/{other}.db"
+    async with (
+        LockService.from_url(url) as locks,
+        LockService.from_url(url, holder=other) as service,
+    ):
+        [scheduler], _ = _schedulers([locks], tasks)
+        serving = asyncio.ensure_future(scheduler.serve())
+        await scheduler.tasks.presence.ready(10)
+        try:
+            yield scheduler, service
+        finally:
+            scheduler.stop()
+            await serving
+
+
 async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instances_again(
     tmp_path: Path,
 ) -> None:
@@ -160,19 +184,12 @@ async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instan
     or two, not only at their next regular read of the instances: the first
     occurrence of its own that an instance finds claimed elsewhere makes it
     read them again."""
-    url = f"sqlite://{tmp_path}/joined.db"
-    async with (
-        LockService.from_url(url) as locks,
-        LockService.from_url(url, holder="newcomer") as newcomer,
-    ):
-        [scheduler], _ = _schedulers([locks], 20)
-        serving = asyncio.ensure_future(scheduler.serve())
-        await scheduler.tasks.presence.ready(10)
+    async with _serving_alone(tmp_path, 20, "newcomer") as (scheduler, newcomer):
         # Past its first seconds, when it reads the instances every second anyway.
         await asyncio.sleep(PEERS_REFRESH + 0.5)
         await scheduler.tasks.read_peers()
         spread = scheduler.tasks.spread
-        assert spread.peers == {locks.holder}, "alone: every task is its own"
+        assert spread.peers == {scheduler.locks.holder}, "alone: every task is its own"
         joined = time.monotonic()
         presence = await newcomer.acquire(presence_name("newcomer"), ttl=30)
         assert presence is not None
@@ -182,35 +199,24 @@ async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instan
         for i in range(20):
             assert await newcomer.store.claim_occurrence(f"t{i}", ahead, "newcomer/1")
         known_after = await _until_known(spread, "newcomer", joined, 4.0)
-        scheduler.stop()
-        await serving
         await presence.release()
-        assert scheduler.tasks.counts["claimed_elsewhere"] > 0, "it found its own taken"
-        assert "newcomer" in spread.peers, "it read the instances again"
-        assert known_after < 4.0 < PEERS_REFRESH, known_after
+    assert scheduler.tasks.counts["claimed_elsewhere"] > 0, "it found its own taken"
+    assert "newcomer" in spread.peers, "it read the instances again"
+    assert known_after < 4.0 < PEERS_REFRESH, known_after
 
 
 async def test_a_starting_instance_reads_the_instances_every_second(tmp_path: Path) -> None:
     """Instances that start together may miss each other at their first read:
     during its first seconds an instance reads them every second, so an
     instance that appears then is known soon even if it never claims first."""
-    url = f"sqlite://{tmp_path}/together.db"
-    async with (
-        LockService.from_url(url) as locks,
-        LockService.from_url(url, holder="sibling") as sibling,
-    ):
-        [scheduler], _ = _schedulers([locks], 5)
-        serving = asyncio.ensure_future(scheduler.serve())
-        await scheduler.tasks.presence.ready(10)
+    async with _serving_alone(tmp_path, 5, "sibling") as (scheduler, sibling):
         await asyncio.sleep(0.3)  # serve()'s own first read of the instances is done
         spread = scheduler.tasks.spread
-        assert spread.peers == {locks.holder}
+        assert spread.peers == {scheduler.locks.holder}
         appeared = time.monotonic()
         presence = await sibling.acquire(presence_name("sibling"), ttl=30)
         assert presence is not None
         known_after = await _until_known(spread, "sibling", appeared, 3.0)
-        scheduler.stop()
-        await serving
         await presence.release()
-        assert "sibling" in spread.peers, "it read the instances again while starting"
-        assert known_after < 3.0 < PEERS_REFRESH, known_after
+    assert "sibling" in spread.peers, "it read the instances again while starting"
+    assert known_after < 3.0 < PEERS_REFRESH, known_after
