@@ -304,7 +304,9 @@ def test_with_lock_logs_a_failed_release_instead_of_raising(
     def unreachable(*args: object) -> bool:
         raise tenure.StoreUnavailable("the test's store is unreachable")
 
-    monkeypatch.setattr(store, "release_now", unreachable, raising=False)
+    calls = store.blocking()
+    if calls is not None:
+        monkeypatch.setattr(calls, "release", unreachable)
     monkeypatch.setattr(store, "release", lambda *args: _raise_unavailable(), raising=False)
     lock = blocking.acquire("quiet")
     assert lock is not None

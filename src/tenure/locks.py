@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
 import functools
@@ -14,7 +15,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -29,9 +30,18 @@ from .events import Event, Hook, Hooks
 from .renewer import LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
 from .stores._waiters import WAITERS, Line
-from .stores.base import AcquireItem, Claim, Grant, ReleaseItem, RunRecord, StartItem, Store
+from .stores.base import (
+    AcquireItem,
+    BlockingLeases,
+    Claim,
+    Grant,
+    ReleaseItem,
+    RunRecord,
+    StartItem,
+    Store,
+)
 
-__all__ = ("Lock", "LockService", "Outcome", "current_lock")
+__all__ = ("Direct", "Lock", "LockService", "Outcome", "as_current", "current_lock")
 
 log = logging.getLogger("tenure")
 
@@ -128,14 +138,6 @@ class Lock(LeaseState):
             return False
         was_held = self._leave()
         return self._left(was_held, await self._service.store.release(self.name, self.token))
-
-    def release_now(self) -> bool:
-        """``release()`` as a plain call, for a store that completes at once
-        (``Store.completes_at_once``): the blocking API's path."""
-        if self.released:
-            return False
-        was_held = self._leave()
-        return self._left(was_held, self._service.store.release_now(self.name, self.token))
 
     def _leave(self) -> bool:
         """The local half of a release: stop renewing; whether it was still held."""
@@ -348,14 +350,6 @@ class LockService:
             _release_failed(lock, exc)
             return False
 
-    def _release_quietly_now(self, lock: Lock) -> bool:
-        """``_release_quietly`` as a plain call, for a store that completes at once."""
-        try:
-            return lock.release_now()
-        except TenureError as exc:
-            _release_failed(lock, exc)
-            return False
-
     async def acquire(
         self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0
     ) -> Lock | None:
@@ -373,32 +367,11 @@ class LockService:
             return await self._acquire(name, ttl, wait)
         return await self._try_acquire(name, ttl)
 
-    def acquire_now(
-        self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0
-    ) -> Lock | None:
-        """``acquire(name, ttl=ttl)`` as a plain call, for a store that completes
-        at once (``Store.completes_at_once``): the blocking API's path.
-
-        ``wait`` is checked like acquire's and must be 0: waiting needs the
-        store's waiters, which live on an event loop.
-        """
-        ttl, wait = self._admit(name, ttl, wait)
-        if wait:
-            raise InvalidArgument(f"acquire_now cannot wait (wait={wait!r}); use acquire")
-        if not self.store.completes_at_once:
-            raise TenureError(f"{self.store.describe()} needs acquire(), not acquire_now()")
-        token = new_token()
-        sent = time.monotonic()
-        try:
-            grant = self.store.acquire_now(name, token, ttl, self.holder)
-        except StoreUnavailable as exc:
-            if self._hooks.hooks:
-                self._hooks.emit(Event("unavailable", name, self.holder, detail=str(exc)))
-            raise
-        lock = self._granted(name, token, ttl, sent, grant)
-        if self._hooks.hooks:
-            self._observed(name, lock, time.monotonic() - sent)
-        return lock
+    def direct(self) -> Direct | None:
+        """The blocking seam: acquire and release on the calling thread, with
+        no event loop (see :class:`Direct`); None when the store has no plain
+        calls (``Store.blocking``)."""
+        return None if self.store.blocking() is None else Direct(self)
 
     def _admit(self, name: str, ttl: float, wait: float) -> tuple[float, float]:
         """Check an acquire's arguments and the service's state; start the renewer."""
@@ -753,6 +726,78 @@ class LockService:
             raise
         if lock.lost:
             raise lock.loss_error()
+
+
+class Direct:
+    """The one seam for callers without an event loop (``tenure.sync``):
+    acquire and release made on the calling thread, through the store's plain
+    calls (``Store.blocking``).
+
+    Only the store call differs from :meth:`LockService.acquire` and
+    :meth:`Lock.release`: the checks, the local deadline, the renewer, the
+    events and the errors are theirs (the same private halves). Waiting is
+    not here: a store's waiters live on an event loop. Any thread may call.
+    """
+
+    __slots__ = ("service",)
+
+    def __init__(self, service: LockService) -> None:
+        self.service = service
+
+    def _calls(self) -> BlockingLeases:
+        # Looked up each time: a forked child's service has a store of its own.
+        calls = self.service.store.blocking()
+        if calls is None:
+            raise TenureError(f"{self.service.store.describe()} has no blocking calls")
+        return calls
+
+    def acquire(
+        self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0
+    ) -> Lock | None:
+        """:meth:`LockService.acquire`, on this thread. ``wait`` is checked as
+        acquire checks it, and must be 0."""
+        service = self.service
+        ttl, wait = service._admit(name, ttl, wait)
+        if wait:
+            raise InvalidArgument(f"a direct acquire cannot wait (wait={wait!r}); use acquire")
+        token = new_token()
+        sent = time.monotonic()
+        try:
+            grant = self._calls().acquire(name, token, ttl, service.holder)
+        except StoreUnavailable as exc:
+            if service._hooks.hooks:
+                service._hooks.emit(Event("unavailable", name, service.holder, detail=str(exc)))
+            raise
+        lock = service._granted(name, token, ttl, sent, grant)
+        if service._hooks.hooks:
+            service._observed(name, lock, time.monotonic() - sent)
+        return lock
+
+    def release(self, lock: Lock, *, quietly: bool = False) -> bool:
+        """:meth:`Lock.release`, on this thread; ``quietly``: a store failure is
+        logged, not raised (as leaving ``async with lock`` does)."""
+        if lock.released:
+            return False
+        was_held = lock._leave()
+        try:
+            in_store = self._calls().release(lock.name, lock.token)
+        except TenureError as exc:
+            if not quietly:
+                raise
+            _release_failed(lock, exc)
+            in_store = False
+        return lock._left(was_held, in_store)
+
+
+@contextlib.contextmanager
+def as_current(lock: Lock) -> Iterator[None]:
+    """Within it, :func:`current_lock` answers ``lock``: for code that runs a
+    function under a lock itself, outside ``run_exclusively`` (``tenure.sync``)."""
+    reset = _current.set(lock)
+    try:
+        yield
+    finally:
+        _current.reset(reset)
 
 
 class _LossWatch:

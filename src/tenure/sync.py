@@ -15,11 +15,12 @@ names as the asyncio API, minus ``await``::
 
 One source of truth: this module holds no lock logic of its own. Every call
 goes to the asyncio core (``tenure.LockService``), either on the calling thread
-(stores whose acquire and release complete at once: SQLite and memory, and the
-blocking variants of Redis and PostgreSQL from ``Store.for_blocking``: no
-thread hop, so a blocking acquire costs what an async one does) or through one
-event-loop thread per service (waits, etcd, and everything but acquire and
-release: the asyncio connections live on that loop). The core's renewer thread
+through the core's one seam for it, ``LockService.direct()`` (acquire and
+release, on every store with plain calls, ``Store.blocking()``: memory,
+SQLite, Redis and PostgreSQL; no thread hop, so a blocking acquire costs what
+an async one does), or through one event-loop thread per service (waits,
+etcd, and everything but acquire and release: the asyncio connections live on
+that loop). The core's renewer thread
 keeps every held lock alive whatever the calling thread does, CPU-bound work
 included.
 
@@ -55,7 +56,6 @@ from ._aio import is_async
 from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Hook
 from .locks import Outcome
-from .stores import from_url as store_from_url
 from .stores._waiters import WAITERS, WaitQueueFull
 from .stores.base import Store
 
@@ -183,8 +183,9 @@ class Lock:
 
     def release(self) -> bool:
         """Give the lock back: True only when it was still valid, locally and in the store."""
-        if self._service._core.store.completes_at_once:
-            return self._lock.release_now()
+        direct = self._service._direct
+        if direct is not None:
+            return direct.release(self._lock)
         return self._service._portal.call(self._lock.release())
 
     def wait_lost(self, timeout: float | None = None) -> bool:
@@ -211,11 +212,11 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        core = self._service._core
-        if core.store.completes_at_once:
-            core._release_quietly_now(self._lock)
+        direct = self._service._direct
+        if direct is not None:
+            direct.release(self._lock, quietly=True)
         else:
-            self._service._portal.call(core._release_quietly(self._lock))
+            self._service._portal.call(self._lock.__aexit__(None, None, None))
 
     def __repr__(self) -> str:
         return repr(self._lock)
@@ -231,9 +232,11 @@ class LockService:
 
     def __init__(self, store: Store, *, holder: str | None = None, waiters: int = WAITERS) -> None:
         _validate.check_count(waiters, "waiters")
-        blocking = store.for_blocking()
-        self._core = _core.LockService(blocking, holder=holder, waiters=waiters)
-        self._core._owns_store = blocking is not store  # a variant made here is ours to close
+        self._serve(_core.LockService(store, holder=holder, waiters=waiters))
+
+    def _serve(self, core: _core.LockService) -> None:
+        self._core = core
+        self._direct = core.direct()
         self._portal = _Portal()
         _live.add(self)
 
@@ -241,10 +244,10 @@ class LockService:
     def from_url(
         cls, url: str, *, holder: str | None = None, waiters: int = WAITERS
     ) -> LockService:
-        """A service on the store a URL names (the same URLs as the asyncio API)."""
-        _validate.check_count(waiters, "waiters")
-        service = cls(store_from_url(url), holder=holder, waiters=waiters)
-        service._core._owns_store = True
+        """A service on the store a URL names (the same URLs as the asyncio API),
+        which it closes when it closes."""
+        service = cls.__new__(cls)
+        service._serve(_core.LockService.from_url(url, holder=holder, waiters=waiters))
         return service
 
     @property
@@ -299,14 +302,13 @@ class LockService:
         As the asyncio ``acquire``: returns at once on contention unless
         ``wait`` seconds are given, woken by the release itself.
         """
-        core = self._core
-        if wait == 0 and core.store.completes_at_once:
-            # On this thread, no coroutine; acquire_now checks wait as acquire does
+        if wait == 0 and self._direct is not None:
+            # On this thread, no coroutine; the seam checks wait as acquire does
             # (False equals 0, and is refused there).
-            lock = core.acquire_now(name, ttl=ttl, wait=wait)
+            lock = self._direct.acquire(name, ttl=ttl, wait=wait)
         else:
             # Waiting needs the store's waiters, which live on the loop thread.
-            lock = self._portal.call(core.acquire(name, ttl=ttl, wait=wait))
+            lock = self._portal.call(self._core.acquire(name, ttl=ttl, wait=wait))
         return None if lock is None else Lock(self, lock)
 
     def run_exclusively(
@@ -336,15 +338,15 @@ class LockService:
             return Outcome.SKIPPED
         # Both current_lock()s answer inside fn: this module's gives the blocking
         # Lock, tenure.current_lock() the asyncio one behind it.
-        reset, reset_core = _current.set(lock), _core._current.set(lock._lock)
+        reset = _current.set(lock)
         try:
-            fn(*args, **kwargs)
+            with _core.as_current(lock._lock):
+                fn(*args, **kwargs)
         except Exception as exc:
             if lock.lost:
                 raise lock._lock.loss_error() from exc
             raise
         finally:
-            _core._current.reset(reset_core)
             _current.reset(reset)
             lock.__exit__(None, None, None)
         if lock.lost:

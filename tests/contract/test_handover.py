@@ -24,7 +24,8 @@ import redis
 
 from tenure import Lock, LockService
 from tenure.renewer import handover_lease, safety_margin
-from tenure.stores import Store, from_url
+from tenure.stores import from_url
+from tenure.stores.base import BlockingLeases
 
 from ..conftest import STORES
 from ..helpers.procs import Worker
@@ -155,11 +156,13 @@ def peek(url: str) -> Iterator[Callable[[str], Peek]]:
 
 
 @pytest.fixture
-async def raw(url: str) -> AsyncIterator[Store]:
-    """A blocking store: its acquire and release are plain calls, which never
-    let the test's event loop run in between (the waiter cannot act meanwhile)."""
-    store = from_url(url).for_blocking()
-    yield store
+async def raw(url: str) -> AsyncIterator[BlockingLeases]:
+    """A store's plain calls: its acquire and release never let the test's
+    event loop run in between (the waiter cannot act meanwhile)."""
+    store = from_url(url)
+    calls = store.blocking()
+    assert calls is not None, f"{url} has no plain calls"
+    yield calls
     await store.aclose()
 
 
@@ -175,23 +178,23 @@ HELD = "t" * 32
 
 
 async def queued_waiter(
-    raw: Store, keys: Peek, locks: LockService, name: str, wait: float = 10.0
+    raw: BlockingLeases, keys: Peek, locks: LockService, name: str, wait: float = 10.0
 ) -> asyncio.Future[Lock | None]:
     """``name`` held by a raw grant, and an acquire of ``locks`` queued for it."""
-    assert raw.acquire_now(name, HELD, TTL, "raw-holder") is not None
+    assert raw.acquire(name, HELD, TTL, "raw-holder") is not None
     waiting = asyncio.ensure_future(locks.acquire(name, ttl=TTL, wait=wait))
     await until(lambda: keys.queued() == locks.holder)
     return waiting
 
 
 async def test_a_release_hands_the_lock_to_the_queued_waiter(
-    url: str, raw: Store, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, peek: Callable[[str], Peek]
 ) -> None:
     keys = peek("h")
     async with LockService.from_url(url) as locks:
         waiting = await queued_waiter(raw, keys, locks, "h")
         before = keys.fence()
-        assert raw.release_now("h", HELD) is True
+        assert raw.release("h", HELD) is True
         # The release itself granted it: the waiter has not run since.
         assert not waiting.done()
         assert keys.holder() == locks.holder
@@ -208,17 +211,17 @@ async def test_a_release_hands_the_lock_to_the_queued_waiter(
 
 
 async def test_waiters_take_turns_in_the_queue(
-    url: str, raw: Store, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, peek: Callable[[str], Peek]
 ) -> None:
     keys = peek("turns")
-    assert raw.acquire_now("turns", HELD, TTL, "raw-holder") is not None
+    assert raw.acquire("turns", HELD, TTL, "raw-holder") is not None
     async with LockService.from_url(url) as first, LockService.from_url(url) as second:
         a = asyncio.ensure_future(first.acquire("turns", ttl=TTL, wait=10))
         await until(lambda: keys.queued() == first.holder)
         b = asyncio.ensure_future(second.acquire("turns", ttl=TTL, wait=10))
         await asyncio.sleep(0.2)
         assert keys.queued() == first.holder, "one waiter is queued; the other waits its turn"
-        raw.release_now("turns", HELD)
+        raw.release("turns", HELD)
         lock_a = await asyncio.wait_for(a, 5)
         assert lock_a is not None and not b.done()
         # The release woke the other waiter, which queued itself next.
@@ -231,7 +234,7 @@ async def test_waiters_take_turns_in_the_queue(
 
 
 async def test_a_waiter_that_times_out_leaves_the_queue(
-    url: str, raw: Store, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, peek: Callable[[str], Peek]
 ) -> None:
     keys = peek("late")
     async with LockService.from_url(url) as locks:
@@ -240,12 +243,12 @@ async def test_a_waiter_that_times_out_leaves_the_queue(
         assert await waiting is None
         assert time.monotonic() - started >= 0.5
         assert keys.queued() is None
-        assert raw.release_now("late", HELD) is True
+        assert raw.release("late", HELD) is True
         assert keys.holder() is None, "nobody was queued: nothing was handed over"
 
 
 async def test_a_cancelled_waiter_leaves_the_queue(
-    url: str, raw: Store, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, peek: Callable[[str], Peek]
 ) -> None:
     keys = peek("gone")
     async with LockService.from_url(url) as locks:
@@ -254,12 +257,12 @@ async def test_a_cancelled_waiter_leaves_the_queue(
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await until(lambda: keys.queued() is None)
-        assert raw.release_now("gone", HELD) is True
+        assert raw.release("gone", HELD) is True
         assert keys.holder() is None
 
 
 async def test_a_waiter_cancelled_the_moment_it_queues_is_cancelled(
-    url: str, raw: Store, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, peek: Callable[[str], Peek]
 ) -> None:
     """Cancelled as soon as its queue entry shows, again and again, on a fresh
     service each time: the moment a PostgreSQL waiter opens its LISTEN
@@ -275,17 +278,17 @@ async def test_a_waiter_cancelled_the_moment_it_queues_is_cancelled(
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(waiting, 2.0)
         await until(lambda peek=keys: peek.queued() is None)
-        assert raw.release_now(name, HELD) is True
+        assert raw.release(name, HELD) is True
         assert keys.holder() is None, "nothing was handed to the cancelled waiter"
 
 
 async def test_a_waiter_cancelled_after_the_hand_over_gives_the_lock_back(
-    url: str, raw: Store, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, peek: Callable[[str], Peek]
 ) -> None:
     keys = peek("given")
     async with LockService.from_url(url) as locks, LockService.from_url(url) as third:
         waiting = await queued_waiter(raw, keys, locks, "given")
-        raw.release_now("given", HELD)
+        raw.release("given", HELD)
         assert keys.holder() == locks.holder, "handed over before the waiter could read it"
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -306,7 +309,7 @@ def worker(url: str) -> Iterator[Worker]:
 
 @pytest.mark.parametrize("deadline", ["passed", "ahead"])
 async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
-    url: str, raw: Store, worker: Worker, deadline: str, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, worker: Worker, deadline: str, peek: Callable[[str], Peek]
 ) -> None:
     """SIGSTOPped while queued, past its wait's timeout: the hand-over note
     waits unread (Redis: on the list; PostgreSQL: in the socket), and on waking
@@ -331,7 +334,7 @@ async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
 
 
 async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
-    url: str, raw: Store, worker: Worker, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, worker: Worker, peek: Callable[[str], Peek]
 ) -> None:
     """Woken after the hand-over lease stopped being trusted locally (its safety
     margin) but while the store still has it: the waiter must not return that
@@ -353,16 +356,16 @@ async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
 
 
 async def stop_across_a_hand_over(
-    keys: Peek, raw: Store, worker: Worker, wait: float, name: str = "paused"
+    keys: Peek, raw: BlockingLeases, worker: Worker, wait: float, name: str = "paused"
 ) -> tuple[float, int]:
     """Queue the worker, SIGSTOP it, hand it the lock; when it stopped, and the fence."""
-    assert raw.acquire_now(name, HELD, TTL, "raw-holder") is not None
+    assert raw.acquire(name, HELD, TTL, "raw-holder") is not None
     worker.send(f"acquire {name} {TTL} {wait}")
     await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
     worker.signal(signal.SIGSTOP)
     stopped = time.monotonic()
     await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
-    assert raw.release_now(name, HELD) is True
+    assert raw.release(name, HELD) is True
     assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
     unread = keys.note_unread()
     assert unread is None or unread, "the note waits unread"
@@ -370,16 +373,16 @@ async def stop_across_a_hand_over(
 
 
 async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
-    url: str, raw: Store, worker: Worker, peek: Callable[[str], Peek]
+    url: str, raw: BlockingLeases, worker: Worker, peek: Callable[[str], Peek]
 ) -> None:
     keys = peek("dead")
     ttl = 10.0
-    assert raw.acquire_now("dead", HELD, ttl, "raw-holder") is not None
+    assert raw.acquire("dead", HELD, ttl, "raw-holder") is not None
     worker.send(f"acquire dead {ttl} 30")
     await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
     worker.signal(signal.SIGKILL)
     worker.proc.wait()
-    assert raw.release_now("dead", HELD) is True
+    assert raw.release("dead", HELD) is True
     released = time.monotonic()
     assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a dead process"
     async with LockService.from_url(url) as locks:

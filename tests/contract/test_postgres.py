@@ -17,7 +17,7 @@ import pytest
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.stores.base import RenewItem
-from tenure.stores.postgres import SCHEMA_VERSION, PostgresStore, _BlockingPostgresStore
+from tenure.stores.postgres import SCHEMA_VERSION, PostgresStore, _BlockingCalls
 
 from ..conftest import postgres_server
 from ..helpers.procs import ROOT
@@ -201,8 +201,8 @@ async def test_renewals_right_after_a_restart_do_not_wait_out_the_pools_backoff(
 def test_the_blocking_api_acquires_and_releases_on_the_callers_thread() -> None:
     url = f"{postgres_server().url()}?prefix={_prefix()}&pool_max=2"
     with sync.LockService.from_url(url) as locks:
-        store = locks.store
-        assert isinstance(store, _BlockingPostgresStore) and store.completes_at_once
+        store = locks.store.blocking()
+        assert isinstance(store, _BlockingCalls)
         lock = locks.acquire("plain", ttl=1)
         assert lock is not None and lock.release() is True
         assert locks._portal._loop is None, "acquire and release made no hop to a loop thread"
@@ -257,8 +257,8 @@ def test_the_blocking_store_rides_through_a_restart(server: PostgresServer) -> N
     """Every idle connection dies with the server; the first statement after the
     restart drops them all and is sent once more on a new connection."""
     with sync.LockService.from_url(server.url()) as locks:
-        store = locks.store
-        assert isinstance(store, _BlockingPostgresStore)
+        store = locks.store.blocking()
+        assert isinstance(store, _BlockingCalls)
         lock = locks.acquire("restart", ttl=5)
         assert lock is not None
         taken = [store._take() for _ in range(3)]

@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
-from tenure.stores.redis import RedisStore, _BlockingRedisStore, _packed_here, _version_numbers
+from tenure.stores.redis import RedisStore, _BlockingCalls, _packed_here, _version_numbers
 
 from ..conftest import STORES
 from ..helpers.procs import ROOT
@@ -321,8 +321,8 @@ async def test_the_cluster_lanes_follow_a_slot_that_moved() -> None:
             assert await again.release() is True
         # The same for tenure.sync's blocking lanes (idle connections per node).
         with sync.LockService.from_url(f"{cluster.url}&prefix=mv") as blocking:
-            bstore = blocking.store
-            assert isinstance(bstore, _BlockingRedisStore)
+            bstore = blocking.store.blocking()
+            assert isinstance(bstore, _BlockingCalls)
             first = blocking.acquire("moving", ttl=5)
             assert first is not None
             here = bstore._blocking.get_node_from_key(key)

@@ -38,6 +38,7 @@ from ._presence import RUNNING, abandoned, live_instances
 
 __all__ = (
     "AcquireItem",
+    "BlockingLeases",
     "Claim",
     "Finding",
     "Grant",
@@ -183,6 +184,24 @@ class RunRecord:
         )
 
 
+class BlockingLeases(ABC):
+    """A store's acquire and release as plain calls (:meth:`Store.blocking`).
+
+    The same atomic steps, answers and errors as :meth:`Store.acquire` and
+    :meth:`Store.release`, made on the calling thread; any thread may call.
+    Everything else (waiting, renewal, listings) stays on the store's
+    coroutines.
+    """
+
+    @abstractmethod
+    def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        """:meth:`Store.acquire`, on the calling thread."""
+
+    @abstractmethod
+    def release(self, name: str, token: str) -> bool:
+        """:meth:`Store.release`, on the calling thread."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing ``tenure doctor`` found about a store's configuration."""
@@ -200,19 +219,6 @@ class Store(ABC):
 
     scheme: ClassVar[str]
     """The URL scheme this store is registered under."""
-
-    cross_process: ClassVar[bool] = True
-    """False for stores that only work inside one process (memory)."""
-
-    completes_at_once: ClassVar[bool] = False
-    """True when :meth:`acquire` and :meth:`release` never suspend and need no
-    running event loop (their I/O is synchronous and short, as SQLite's is).
-    Such a store also offers them as plain calls, :meth:`acquire_now` and
-    :meth:`release_now`, which the blocking API (``tenure.sync``) makes on the
-    caller's thread: no event loop, no coroutine. On SQLite, memory and
-    Redis's blocking variant the async methods call those; PostgreSQL's
-    blocking variant (:meth:`for_blocking`) keeps asyncio ones for its
-    callers on an event loop (waiters)."""
 
     gate: Gate | None = None
     """The bound on this store's calls in flight, where it has one (the
@@ -476,23 +482,15 @@ class Store(ABC):
         real call.
         """
 
-    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        """:meth:`acquire` as a plain call; only where ``completes_at_once`` is set."""
-        raise NotImplementedError(f"{type(self).__name__} has no plain-call acquire")
+    def blocking(self) -> BlockingLeases | None:
+        """This store's acquire and release as plain calls on the caller's
+        thread, or None when it has none (etcd).
 
-    def release_now(self, name: str, token: str) -> bool:
-        """:meth:`release` as a plain call; only where ``completes_at_once`` is set."""
-        raise NotImplementedError(f"{type(self).__name__} has no plain-call release")
-
-    def for_blocking(self) -> Store:
-        """The store that blocking callers (``tenure.sync``) should use.
-
-        The default is this store. A store whose asyncio driver would cost a
-        blocking caller a hop to an event-loop thread may return a variant
-        whose acquire and release use a blocking driver on the caller's thread
-        (and so set ``completes_at_once``); its other methods stay asyncio.
+        The blocking API (``tenure.sync``) uses it for its fast path: no event
+        loop, no thread hop. Made at the first call and kept: the same object
+        every time, closed with the store by :meth:`aclose`.
         """
-        return self
+        return None
 
     def sibling(self) -> Store:
         """A store for another thread's event loop, sharing this one's data.

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from .._aio import settle, woken_within
 from ..errors import ConfigurationError
 from ._presence import RUNNING
-from .base import Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, RunRecord, Store
 
 __all__ = ("MemoryStore",)
 
@@ -45,8 +45,6 @@ class MemoryStore(Store):
     """Leases in this process's memory. See the module docstring."""
 
     scheme: ClassVar[str] = "memory"
-    cross_process: ClassVar[bool] = False
-    completes_at_once: ClassVar[bool] = True
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
     _named_guard: ClassVar[threading.Lock] = threading.Lock()
@@ -59,6 +57,7 @@ class MemoryStore(Store):
         self._waiters: dict[str, list[_Waiter]] = {}
         self._claims: dict[str, tuple[float, str]] = {}
         self._runs: dict[str, RunRecord] = {}
+        self._plain = _PlainCalls(self)
 
     @classmethod
     def named(cls, name: str) -> MemoryStore:
@@ -82,21 +81,10 @@ class MemoryStore(Store):
         return f"memory://{self.name}"
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        return self.acquire_now(name, token, ttl, holder)
+        return self._plain.acquire(name, token, ttl, holder)
 
-    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        now = time.monotonic()
-        with self._mutex:
-            lease = self._leases.get(name)
-            if lease is not None and lease.expires > now:
-                if lease.token != token:
-                    return None
-                lease.expires = now + ttl  # resent after its answer was lost: still its own
-                return Grant(lease.fence)
-            fence = self._fences.get(name, 0) + 1
-            self._fences[name] = fence
-            self._leases[name] = _Lease(token, holder, fence, now + ttl, time.time())
-        return Grant(fence)
+    def blocking(self) -> BlockingLeases:
+        return self._plain
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         now = time.monotonic()
@@ -112,22 +100,7 @@ class MemoryStore(Store):
         return results
 
     async def release(self, name: str, token: str) -> bool:
-        return self.release_now(name, token)
-
-    def release_now(self, name: str, token: str) -> bool:
-        now = time.monotonic()
-        with self._mutex:
-            lease = self._leases.get(name)
-            if lease is None or lease.token != token:
-                return False
-            del self._leases[name]
-            waiters = self._waiters.pop(name, [])
-        for loop, future in waiters:
-            try:
-                loop.call_soon_threadsafe(settle, future)
-            except RuntimeError:  # that waiter's loop has closed
-                pass
-        return lease.expires > now
+        return self._plain.release(name, token)
 
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         now = time.monotonic()
@@ -233,3 +206,42 @@ class MemoryStore(Store):
                     del self._runs[old.run_id]
                     removed += 1
         return removed
+
+
+class _PlainCalls(BlockingLeases):
+    """Acquire and release: plain calls under the store's mutex, which its
+    coroutines make too (they never suspend)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        store = self.store
+        now = time.monotonic()
+        with store._mutex:
+            lease = store._leases.get(name)
+            if lease is not None and lease.expires > now:
+                if lease.token != token:
+                    return None
+                lease.expires = now + ttl  # resent after its answer was lost: still its own
+                return Grant(lease.fence)
+            fence = store._fences.get(name, 0) + 1
+            store._fences[name] = fence
+            store._leases[name] = _Lease(token, holder, fence, now + ttl, time.time())
+        return Grant(fence)
+
+    def release(self, name: str, token: str) -> bool:
+        store = self.store
+        now = time.monotonic()
+        with store._mutex:
+            lease = store._leases.get(name)
+            if lease is None or lease.token != token:
+                return False
+            del store._leases[name]
+            waiters = store._waiters.pop(name, [])
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(settle, future)
+            except RuntimeError:  # that waiter's loop has closed
+                pass
+        return lease.expires > now

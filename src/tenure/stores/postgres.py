@@ -66,9 +66,9 @@ How it stays correct
   connection shut down (so the pool replaces it) and raises StoreUnavailable;
   a pooled connection that the server closed (a restart) is replaced and the
   statement retried once.
-* **Blocking callers** (``tenure.sync``, through ``for_blocking()``) acquire
+* **Blocking callers** (``tenure.sync``, through ``blocking()``) acquire
   and release on their own thread with psycopg's blocking connections, the
-  same statements under the same rules (``_BlockingPostgresStore``).
+  same statements under the same rules.
 * **Schema.** Created on first use, idempotently, under a transaction-scoped
   advisory lock so that instances starting together do not collide; the
   version is recorded in ``<prefix>_meta``. ``tenure schema --url URL`` prints
@@ -105,6 +105,7 @@ from ._presence import RUNNING
 from ._waiters import QUEUE_LIFE, Wakeups
 from .base import (
     AcquireItem,
+    BlockingLeases,
     Claim,
     Finding,
     Grant,
@@ -383,6 +384,8 @@ class PostgresStore(Store):
         self._handed: dict[str, asyncio.Future[tuple[int, int]]] = {}
         """The queued waiters of this store, by waiter id: set by a hand-over note."""
         self._closed = False
+        self._blocking_calls: _BlockingCalls | None = None
+        self._blocking_guard = threading.Lock()
 
         # The acquire's conflict rule, shared by the plain acquire and the
         # occurrence start (_sql_start).
@@ -647,14 +650,7 @@ class PostgresStore(Store):
 
     def sibling(self) -> PostgresStore:
         # A psycopg pool belongs to the event loop that opened it.
-        return self._twin(PostgresStore)
-
-    def for_blocking(self) -> Store:
-        return self._twin(_BlockingPostgresStore)
-
-    def _twin(self, kind: type[PostgresStore]) -> PostgresStore:
-        """A store of ``kind`` with this one's URL and options, sharing its data."""
-        return kind(
+        return PostgresStore(
             self.url,
             schema=self.schema,
             prefix=self.prefix,
@@ -669,7 +665,15 @@ class PostgresStore(Store):
         with contextlib.suppress(psycopg.Error, StoreUnavailable):
             await self._current_pool()  # starts connecting in the background
 
+    def blocking(self) -> BlockingLeases:
+        with self._blocking_guard:  # callers on many threads: one set of connections
+            if self._blocking_calls is None:
+                self._blocking_calls = _BlockingCalls(self)
+            return self._blocking_calls
+
     async def aclose(self) -> None:
+        if self._blocking_calls is not None:
+            self._blocking_calls.close()
         if self._withdrawing:  # on the pool, so before it closes
             await asyncio.gather(*self._withdrawing, return_exceptions=True)
         self._closed = True
@@ -1248,8 +1252,8 @@ class PostgresStore(Store):
 _Idle = tuple[psycopg.Connection[Any], psycopg.Cursor[Any]]
 
 
-class _BlockingPostgresStore(PostgresStore):
-    """The PostgreSQL store for blocking callers (``tenure.sync``).
+class _BlockingCalls(BlockingLeases):
+    """The PostgreSQL store's acquire and release for blocking callers (``tenure.sync``).
 
     Acquire and release run on the caller's thread through psycopg's blocking
     connections: the same statements, results and failure rules as
@@ -1269,10 +1273,9 @@ class _BlockingPostgresStore(PostgresStore):
       died with it, and the statement is sent once more on a new connection.
     """
 
-    completes_at_once: ClassVar[bool] = True
-
-    def __init__(self, url: str, **options: Any) -> None:
-        super().__init__(url, **options)
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self._closed = False
         self._idle: list[_Idle] = []
         self._statements: set[_InFlight] = set()
         self._watchdog_thread: threading.Thread | None = None
@@ -1281,41 +1284,33 @@ class _BlockingPostgresStore(PostgresStore):
         # The thread holds no reference to the store: dropping it stops the thread.
         weakref.finalize(self, self._stop_watching.set)
         self._schema_guard = threading.Lock()
-        self._connect_options = self._connection_options()
-        if "connect_timeout" not in conninfo_to_dict(url):
-            self._connect_options["connect_timeout"] = _connect_timeout(self.timeout)
+        self._connect_options = store._connection_options()
+        if "connect_timeout" not in conninfo_to_dict(store.url):
+            self._connect_options["connect_timeout"] = _connect_timeout(store.timeout)
 
-    def for_blocking(self) -> Store:
-        return self
-
-    def sibling(self) -> PostgresStore:
-        # Of the same kind, so that a forked child's reconnected service still
-        # acquires on the caller's thread; the renewer only uses its asyncio side.
-        return self._twin(_BlockingPostgresStore)
-
-    async def aclose(self) -> None:
+    def close(self) -> None:
         self._closed = True  # first: a statement that ends now closes its connection
         self._stop_watching.set()
         self._drop_idle()
-        await super().aclose()
 
-    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        rows = self._query_now(self._sql_acquire, (name, token, holder, ttl))
+    def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        rows = self._query(self.store._sql_acquire, (name, token, holder, ttl))
         return Grant(rows[0][0]) if rows else None
 
-    def release_now(self, name: str, token: str) -> bool:
-        channel = self._names.channel
-        rows = self._query_now(self._sql_release, (name, token, channel, channel))
+    def release(self, name: str, token: str) -> bool:
+        channel = self.store._names.channel
+        rows = self._query(self.store._sql_release, (name, token, channel, channel))
         return bool(rows and rows[0][0])
 
-    def _query_now(self, query: str, params: Sequence[Any]) -> list[Any]:
-        """``_query`` as a plain call on the caller's thread (see the class docstring)."""
-        if not self._shared.schema_ready:
-            self._ensure_schema_now()
-        with self.gate.blocking():
-            return self._query_now_in_turn(query, params)
+    def _query(self, query: str, params: Sequence[Any]) -> list[Any]:
+        """``PostgresStore._query`` as a plain call on the caller's thread (see
+        the class docstring)."""
+        if not self.store._shared.schema_ready:
+            self._ensure_schema()
+        with self.store.gate.blocking():
+            return self._query_in_turn(query, params)
 
-    def _query_now_in_turn(self, query: str, params: Sequence[Any]) -> list[Any]:
+    def _query_in_turn(self, query: str, params: Sequence[Any]) -> list[Any]:
         for attempt in (1, 2):
             conn, cur = self._take()
             statement = self._watched(conn)
@@ -1327,16 +1322,17 @@ class _BlockingPostgresStore(PostgresStore):
                 lost = conn.closed
                 conn.close()
                 if statement.fired:
-                    raise self._unavailable(exc, f"did not answer within {self.timeout} s") from exc
+                    late = f"did not answer within {self.store.timeout} s"
+                    raise self.store._unavailable(exc, late) from exc
                 if attempt == 2 or not lost:
-                    raise self._unavailable(exc) from exc
+                    raise self.store._unavailable(exc) from exc
                 # The server closed it (a restart), and the idle ones with it.
                 log.debug("a PostgreSQL connection was closed, retrying: %s", exc)
                 self._drop_idle()
                 continue
             except psycopg.Error as exc:
                 self._give_back(conn, cur)
-                raise self._unavailable(exc) from exc
+                raise self.store._unavailable(exc) from exc
             except BaseException:
                 conn.close()  # interrupted mid-statement: its reply may be unread
                 raise
@@ -1349,22 +1345,22 @@ class _BlockingPostgresStore(PostgresStore):
             return self._idle.pop()
         except IndexError:  # none idle (another thread may just have taken the last)
             pass
-        conn = self._connect_now()
+        conn = self._connect()
         return conn, conn.cursor()
 
-    def _connect_now(self) -> psycopg.Connection[Any]:
+    def _connect(self) -> psycopg.Connection[Any]:
         if self._closed:
-            raise StoreUnavailable(f"the store {self.describe()} is closed")
+            raise StoreUnavailable(f"the store {self.store.describe()} is closed")
         try:
-            return psycopg.Connection.connect(self.url, **self._connect_options)
+            return psycopg.Connection.connect(self.store.url, **self._connect_options)
         except psycopg.Error as exc:
-            raise self._unavailable(exc, "refused a connection") from exc
+            raise self.store._unavailable(exc, "refused a connection") from exc
 
     def _give_back(self, conn: psycopg.Connection[Any], cur: psycopg.Cursor[Any]) -> None:
         if (
             not conn.closed
             and conn.pgconn.transaction_status == _IDLE
-            and len(self._idle) < self.pool_max
+            and len(self._idle) < self.store.pool_max
             and not self._closed
         ):
             self._idle.append((conn, cur))
@@ -1386,7 +1382,7 @@ class _BlockingPostgresStore(PostgresStore):
                 if self._watchdog_thread is None:
                     thread = threading.Thread(
                         target=_watch_statements,
-                        args=(self._statements, self.timeout, self._stop_watching),
+                        args=(self._statements, self.store.timeout, self._stop_watching),
                         name="tenure-postgres-watchdog",
                         daemon=True,
                     )
@@ -1394,7 +1390,7 @@ class _BlockingPostgresStore(PostgresStore):
                     self._watchdog_thread = thread
         return _InFlight(self._statements, conn)
 
-    def _ensure_schema_now(self) -> None:
+    def _ensure_schema(self) -> None:
         """Create or check the tables before the first plain call, once per store family.
 
         Through the asyncio store's own ``_ensure_schema`` (one definition of
@@ -1403,12 +1399,12 @@ class _BlockingPostgresStore(PostgresStore):
         loop already.
         """
         with self._schema_guard:
-            if self._shared.schema_ready:
+            if self.store._shared.schema_ready:
                 return
             failed: list[BaseException] = []
 
             async def ensure() -> None:
-                store = self._twin(PostgresStore)
+                store = self.store.sibling()
                 try:
                     await store._ensure_schema()
                 finally:

@@ -40,10 +40,10 @@ connection; a timed-out one is not.
   costs more than the round trip; concurrent calls that find it busy use the
   pool. A cluster node that answers MOVED, ASK, TRYAGAIN, CLUSTERDOWN or
   READONLY did not run the script: it is sent again the general way, which
-  follows the cluster's new shape. Blocking callers (``tenure.sync``) get a variant
-  that acquires and releases the same way through redis-py's blocking
-  connections, on the caller's thread (on a cluster, idle connections per
-  node, with the same fallback).
+  follows the cluster's new shape. For blocking callers (``tenure.sync``),
+  ``blocking()`` acquires and releases the same way through redis-py's
+  blocking connections, on the caller's thread (on a cluster, idle
+  connections per node, with the same fallback).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import hashlib
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -88,6 +89,7 @@ from ._options import POOL_MAX, check_pool_max, number
 from ._waiters import QUEUE_LIFE, Wakeups
 from .base import (
     AcquireItem,
+    BlockingLeases,
     Claim,
     Finding,
     Grant,
@@ -308,6 +310,8 @@ class RedisStore(Store):
         self._withdrawing: set[asyncio.Task[None]] = set()
         self._poppers: list[Any] = []
         """Idle connections that queued waiters BLPOP on (single server)."""
+        self._blocking_calls: _BlockingCalls | None = None
+        self._blocking_guard = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -351,6 +355,8 @@ class RedisStore(Store):
                 await self._client.ping()
 
     async def aclose(self) -> None:
+        if self._blocking_calls is not None:
+            self._blocking_calls.close()
         if self._withdrawing:
             await asyncio.gather(*self._withdrawing, return_exceptions=True)
         for lane in (self._lane, *self._node_lanes.values(), *self._retired_lanes):
@@ -605,10 +611,11 @@ class RedisStore(Store):
     async def release(self, name: str, token: str) -> bool:
         return bool(await self._script("release", *self._release_call(name, token)))
 
-    def for_blocking(self) -> Store:
-        return _BlockingRedisStore(
-            self.url, prefix=self.prefix, cluster=self.cluster, pool_max=self.pool_max
-        )
+    def blocking(self) -> BlockingLeases:
+        with self._blocking_guard:  # callers on many threads: one set of connections
+            if self._blocking_calls is None:
+                self._blocking_calls = _BlockingCalls(self)
+            return self._blocking_calls
 
     async def wait_released(self, name: str, timeout: float) -> None:
         channel = self._channel(name).encode()
@@ -1112,49 +1119,49 @@ class RedisStore(Store):
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
 
 
-class _BlockingRedisStore(RedisStore):
-    """The Redis store for blocking callers (``tenure.sync``).
+class _BlockingCalls(BlockingLeases):
+    """The Redis store's acquire and release for blocking callers (``tenure.sync``).
 
-    Acquire and release go through redis-py's blocking client, on the caller's
-    thread; the same scripts, keys and results as RedisStore, whose asyncio
-    methods serve everything else (waiters on the API's loop thread, and the
-    renewer, through ``sibling()``).
+    They go through redis-py's blocking client, on the caller's thread: the
+    same scripts, keys and results as the store's coroutines, which serve
+    everything else (waiters on the API's loop thread, and the renewer).
     """
 
-    completes_at_once: ClassVar[bool] = True
-
-    def __init__(
-        self, url: str, *, prefix: str = "tenure", cluster: bool = False, pool_max: int = POOL_MAX
-    ) -> None:
-        super().__init__(url, prefix=prefix, cluster=cluster, pool_max=pool_max)
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
         self._blocking: Any = _client(
-            redis_sync.RedisCluster.from_url if cluster else redis_sync.Redis.from_url,
-            url,
-            pool_max,
+            redis_sync.RedisCluster.from_url if store.cluster else redis_sync.Redis.from_url,
+            store.url,
+            store.pool_max,
             BlockingRetry,
         )
         self._idle: list[Any] = []
-        """Idle connections of ``_blocking_on_lane`` (single server)."""
+        """Idle connections of ``_on_lane`` (single server)."""
         self._node_idle: dict[str, tuple[Any, list[Any]]] = {}
         """Per Redis Cluster node (by name): its connection pool and our idle connections."""
 
-    def _blocking_script(
-        self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
-    ) -> Any:
-        with self.gate.blocking():
-            return self._blocking_script_in_turn(name, keys, args)
+    def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        fence = self._script("acquire", *self.store._acquire_call(name, token, ttl, holder))
+        return None if fence is None else Grant(int(fence))
 
-    def _blocking_script_in_turn(
+    def release(self, name: str, token: str) -> bool:
+        return bool(self._script("release", *self.store._release_call(name, token)))
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        with self.store.gate.blocking():
+            return self._script_in_turn(name, keys, args)
+
+    def _script_in_turn(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
         try:
-            if not self.cluster:
+            if not self.store.cluster:
                 pool = self._blocking.connection_pool
-                return self._blocking_on_lane(pool, self._idle, name, keys, args)
-            lane = self._blocking_node_lane(keys[0])
+                return self._on_lane(pool, self._idle, name, keys, args)
+            lane = self._node_lane(keys[0])
             if lane is not None:
                 try:
-                    return self._blocking_on_lane(*lane, name, keys, args, retry_broken=False)
+                    return self._on_lane(*lane, name, keys, args, retry_broken=False)
                 except (*_NOT_SERVED_HERE, RedisConnectionError):
                     pass  # it did not run there, or the node went: the general way follows
             try:
@@ -1163,9 +1170,9 @@ class _BlockingRedisStore(RedisStore):
                 self._blocking.script_load(_SOURCES[name])
                 return self._blocking.evalsha(_SHAS[name], len(keys), *keys, *args)
         except _DRIVER_ERRORS as exc:
-            raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
+            raise StoreUnavailable(f"Redis at {self.store.describe()} failed: {exc}") from exc
 
-    def _blocking_node_lane(self, key: str) -> tuple[Any, list[Any]] | None:
+    def _node_lane(self, key: str) -> tuple[Any, list[Any]] | None:
         """The connection pool of the cluster node that serves ``key``, with the
         store's idle connections to it; None when redis-py has none yet."""
         try:
@@ -1181,7 +1188,7 @@ class _BlockingRedisStore(RedisStore):
             lane = self._node_idle[node.name] = (pool, [])
         return lane
 
-    def _blocking_on_lane(
+    def _on_lane(
         self,
         pool: Any,
         idle: list[Any],
@@ -1192,7 +1199,7 @@ class _BlockingRedisStore(RedisStore):
         retry_broken: bool = True,
     ) -> Any:
         """EVALSHA, pre-encoded, on an idle connection of the store's own: the
-        blocking twin of ``_script_on_lane``, with the same retry policy (on a
+        blocking form of ``RedisStore._script_on_lane``, with the same retry policy (on a
         cluster node a broken connection is the caller's to route anew).
 
         Any thread may call it: each call takes a connection off the idle list
@@ -1229,37 +1236,13 @@ class _BlockingRedisStore(RedisStore):
             idle.append(conn)
             return answer
 
-    async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        return self.acquire_now(name, token, ttl, holder)
-
-    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        fence = self._blocking_script("acquire", *self._acquire_call(name, token, ttl, holder))
-        return None if fence is None else Grant(int(fence))
-
-    async def release(self, name: str, token: str) -> bool:
-        return self.release_now(name, token)
-
-    def release_now(self, name: str, token: str) -> bool:
-        return bool(self._blocking_script("release", *self._release_call(name, token)))
-
-    def for_blocking(self) -> Store:
-        return self
-
-    def sibling(self) -> RedisStore:
-        # Of the same kind, so that a forked child's reconnected service still
-        # acquires on the caller's thread; the renewer only uses its asyncio side.
-        return _BlockingRedisStore(
-            self.url, prefix=self.prefix, cluster=self.cluster, pool_max=self.pool_max
-        )
-
-    async def aclose(self) -> None:
+    def close(self) -> None:
         while self._idle:
             self._blocking.connection_pool.release(self._idle.pop())
         for pool, idle in self._node_idle.values():
             while idle:
                 pool.release(idle.pop())
         self._blocking.close()
-        await super().aclose()
 
 
 def _cancel_requests() -> int:

@@ -85,6 +85,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from ._presence import RUNNING
 from .base import (
     AcquireItem,
+    BlockingLeases,
     Claim,
     Finding,
     Grant,
@@ -243,7 +244,6 @@ class SQLiteStore(Store):
     """Leases in a SQLite database file. See the module docstring."""
 
     scheme: ClassVar[str] = "sqlite"
-    completes_at_once: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -276,6 +276,7 @@ class SQLiteStore(Store):
         self._closed = False
         self._writes = 0
         self._checkpointer = _Checkpointer(self)
+        self._plain = _PlainCalls(self)
         p = prefix
         # Acquire: a name seen before is one UPDATE of its row (the common
         # case); only a name without a row needs the INSERT, which reads the
@@ -581,21 +582,10 @@ class SQLiteStore(Store):
     # -- the contract --------------------------------------------------------
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        return self.acquire_now(name, token, ttl, holder)
+        return self._plain.acquire(name, token, ttl, holder)
 
-    def acquire_now(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        params = (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time())
-        cur = self._cursor()
-        try:
-            rows = cur.execute(self._sql_acquire, params).fetchall()
-            if not rows:
-                rows = cur.execute(self._sql_acquire_new, params).fetchall()
-        except sqlite3.Error as exc:
-            raise self._failed(exc) from exc
-        if not rows:
-            return None
-        self._wrote()
-        return Grant(rows[0][0])
+    def blocking(self) -> BlockingLeases:
+        return self._plain
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         if not batch:
@@ -607,25 +597,7 @@ class SQLiteStore(Store):
         return [(name, token) in renewed for name, token, _ttl in batch]
 
     async def release(self, name: str, token: str) -> bool:
-        return self.release_now(name, token)
-
-    def release_now(self, name: str, token: str) -> bool:
-        now = time.monotonic_ns()
-        try:
-            alone = self._cursor().execute(self._sql_release_alone, (name, token, now)).rowcount
-        except sqlite3.Error as exc:
-            raise self._failed(exc) from exc
-        if alone:
-            self._wrote()
-            return True
-        rows = self._run(self._sql_release, (name, token, now))
-        self._wrote()
-        valid = bool(rows)
-        if not valid:
-            rows = self._run(self._sql_release_lapsed, (name, token))
-        if rows and rows[0][0]:
-            self._notify(rows[0][0].split(" "))
-        return valid
+        return self._plain.release(name, token)
 
     async def diagnose(self) -> list[Finding]:
         found = []
@@ -755,7 +727,7 @@ class SQLiteStore(Store):
 
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         with self._transaction():
-            return [self.acquire_now(*item) for item in items]
+            return [self._plain.acquire(*item) for item in items]
 
     async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
         answers: list[Started] = []
@@ -764,7 +736,7 @@ class SQLiteStore(Store):
                 if not self._claim_now(*claim):
                     answers.append(Started(False, None))
                     continue
-                grant = self.acquire_now(*lock)
+                grant = self._plain.acquire(*lock)
                 if grant is not None:
                     self._record_now(dataclasses.replace(record, fence=grant.fencing_token), keep)
                 answers.append(Started(True, grant))
@@ -772,7 +744,7 @@ class SQLiteStore(Store):
 
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         with self._transaction():
-            return [self.release_now(*item) for item in items]
+            return [self._plain.release(*item) for item in items]
 
     async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
         with self._transaction():
@@ -870,3 +842,45 @@ class SQLiteStore(Store):
         if self._sender is not None:
             self._sender.close()
             self._sender = None
+
+
+class _PlainCalls(BlockingLeases):
+    """Acquire and release: plain calls on the calling thread's connection,
+    which the store's coroutines make too (SQLite never suspends them)."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.store = store
+
+    def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        store = self.store
+        params = (name, token, holder, time.monotonic_ns(), int(ttl * 1e9), time.time())
+        cur = store._cursor()
+        try:
+            rows = cur.execute(store._sql_acquire, params).fetchall()
+            if not rows:
+                rows = cur.execute(store._sql_acquire_new, params).fetchall()
+        except sqlite3.Error as exc:
+            raise store._failed(exc) from exc
+        if not rows:
+            return None
+        store._wrote()
+        return Grant(rows[0][0])
+
+    def release(self, name: str, token: str) -> bool:
+        store = self.store
+        now = time.monotonic_ns()
+        try:
+            alone = store._cursor().execute(store._sql_release_alone, (name, token, now)).rowcount
+        except sqlite3.Error as exc:
+            raise store._failed(exc) from exc
+        if alone:
+            store._wrote()
+            return True
+        rows = store._run(store._sql_release, (name, token, now))
+        store._wrote()
+        valid = bool(rows)
+        if not valid:
+            rows = store._run(store._sql_release_lapsed, (name, token))
+        if rows and rows[0][0]:
+            store._notify(rows[0][0].split(" "))
+        return valid
