@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,9 +49,11 @@ async def test_each_acquire_release_and_contention_is_an_event(tmp_path: Path) -
 
 async def test_a_loss_and_failed_renewals_are_events(tmp_path: Path) -> None:
     seen: list[Event] = []
+    threads: list[str] = []
     kind = STORES["sqlite"]
     async with LockService.from_url(kind.make_url(tmp_path)) as locks:
         locks.subscribe(seen.append)
+        locks.subscribe(lambda _: threads.append(threading.current_thread().name))
         lock = await locks.acquire("lose", ttl=TTL)
         assert lock is not None
         with kind.outage(locks.store):
@@ -60,9 +64,29 @@ async def test_a_loss_and_failed_renewals_are_events(tmp_path: Path) -> None:
     assert "renewal_failed" in kinds
     [lost] = [e for e in seen if e.kind == "lost"]
     assert lost.detail == LOST_BY_DEADLINE and lost.fencing_token == lock.fencing_token
+    assert threads[seen.index(lost)] == "tenure-renewer", "reported by the renewer"
     failed = next(e for e in seen if e.kind == "renewal_failed")
     assert failed.count == 1 and failed.detail
     assert seen[-1].kind == "released" and seen[-1].detail == "lost"
+
+
+async def test_reading_held_past_the_deadline_only_computes_it(tmp_path: Path) -> None:
+    """``held``, ``lost`` and ``lost_reason`` compute the answer and change
+    nothing: the loss event comes from the renewer's thread, not from whichever
+    thread happened to read."""
+    seen: list[tuple[Event, str]] = []
+    async with LockService.from_url(sqlite_url(tmp_path)) as locks:
+        locks.subscribe(lambda event: seen.append((event, threading.current_thread().name)))
+        lock = await locks.acquire("read", ttl=0.5)
+        assert lock is not None and lock.held
+        locks.renewer.stop()  # nobody renews it now, and nobody reports its loss
+        await asyncio.sleep(max(lock.held_until - time.monotonic(), 0) + 0.05)
+        for _ in range(3):
+            assert not lock.held
+            assert lock.lost and lock.lost_reason == LOST_BY_DEADLINE
+        assert [e.kind for e, _ in seen] == ["acquired"], "reading reported nothing"
+        assert await lock.release() is False
+    assert [(e.kind, e.detail) for e, _ in seen] == [("acquired", None), ("released", "lost")]
 
 
 async def test_a_failing_hook_is_logged_and_changes_nothing(

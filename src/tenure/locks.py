@@ -27,7 +27,7 @@ from ._tokens import new_token
 from ._unanswered import Unanswered
 from .errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from .events import Event, Hook, Hooks
-from .renewer import LeaseState, Renewer, handover_lease, safety_margin
+from .renewer import LOST_BY_DEADLINE, LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
 from .stores._waiters import WAITERS, Line
 from .stores.base import (
@@ -75,7 +75,7 @@ def _holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-class Lock(LeaseState):
+class Lock:
     """One grant of a named lock. Obtained from ``LockService.acquire``.
 
     Read ``name``, ``ttl``, ``fencing_token`` and ``token``. ``token`` is the
@@ -84,43 +84,70 @@ class Lock(LeaseState):
     every grant of the name: pass it to resources that can reject stale writers.
     """
 
-    __slots__ = ("__weakref__", "_service", "acquired_at", "fencing_token")
+    __slots__ = ("__weakref__", "_lease", "_service", "acquired_at")
 
     def __init__(
         self, service: LockService, name: str, token: str, ttl: float, *, sent: float, fence: int
     ) -> None:
-        # One object per grant: the lock is its own lease state, which the
-        # renewer shares (see renewer.LeaseState for the fields).
-        LeaseState.__init__(self, name, token, ttl, sent, service._renewer.lease_guard)
+        # What the renewer shares, in an object of its own: the renewer never
+        # holds the Lock, and the Lock shows none of the renewer's fields.
+        self._lease = LeaseState(
+            name,
+            token,
+            ttl,
+            sent,
+            service._renewer.lease_guard,
+            fence=fence,
+            on_lost=service._lease_lost,
+        )
         self._service = service
-        self.fencing_token = fence
         self.acquired_at = sent
         """``time.monotonic()`` when the acquire that granted it was sent (for a
         lock a release handed over: a time no later than the hand-over)."""
 
-    def on_lost(self, reason: str) -> None:
-        hooks = self._service._hooks
-        if hooks.hooks:
-            hooks.emit(
-                Event("lost", self.name, self._service.holder, self.fencing_token, detail=reason)
-            )
+    @property
+    def name(self) -> str:
+        return self._lease.name
+
+    @property
+    def token(self) -> str:
+        """The secret that proves ownership to the store: never log it."""
+        return self._lease.token
+
+    @property
+    def ttl(self) -> float:
+        return self._lease.ttl
+
+    @property
+    def fencing_token(self) -> int:
+        return self._lease.fence
 
     @property
     def held(self) -> bool:
-        """True while the grant is valid by its local deadline: computed at each read."""
-        return self.alive()
+        """True while the grant is valid by its local deadline: computed at each
+        read, with no other effect (the renewer reports a loss)."""
+        lease = self._lease
+        return not lease.released and lease.loss is None and time.monotonic() < lease.deadline
+
+    @property
+    def held_until(self) -> float:
+        """The ``time.monotonic()`` until which the grant is sure (its local
+        deadline): each confirmed renewal moves it on. Work that must finish
+        while the lock is held can check it has the time."""
+        return self._lease.deadline
 
     @property
     def lost(self) -> bool:
         """True once the lock was lost (rather than released)."""
-        self.alive()
-        return self.loss is not None
+        return self.lost_reason is not None
 
     @property
     def lost_reason(self) -> str | None:
         """Why the lock was lost, or None."""
-        self.alive()
-        return self.loss
+        lease = self._lease
+        if lease.loss is None and not lease.released and time.monotonic() >= lease.deadline:
+            return LOST_BY_DEADLINE
+        return lease.loss
 
     def loss_error(self) -> LockLost:
         """The LockLost to raise for this lock's loss."""
@@ -134,17 +161,17 @@ class Lock(LeaseState):
         Raises StoreUnavailable if the store cannot be reached; the lease then
         lapses by itself within its TTL.
         """
-        if self.released:
+        if self._lease.released:
             return False
         was_held = self._leave()
         return self._left(was_held, await self._service.store.release(self.name, self.token))
 
     def _leave(self) -> bool:
         """The local half of a release: stop renewing; whether it was still held."""
-        was_held = self.mark_released()
+        was_held = self._lease.mark_released()
         service = self._service
         service._held.discard(self)
-        service._renewer.discard(self)
+        service._renewer.discard(self._lease)
         return was_held
 
     def _left(self, was_held: bool, in_store: bool) -> bool:
@@ -169,13 +196,13 @@ class Lock(LeaseState):
         while True:
             future: asyncio.Future[None] = loop.create_future()
             waiter = (loop, future)
-            remaining = self.add_waiter(waiter)
+            remaining = self._lease.add_waiter(waiter)
             if remaining is None:
                 return
             try:
                 await woken_within(future, max(remaining, 0.0))
             finally:
-                self.remove_waiter(waiter)
+                self._lease.remove_waiter(waiter)
 
     async def __aenter__(self) -> Lock:
         return self
@@ -267,6 +294,10 @@ class LockService:
         returns the function that unsubscribes it."""
         return self._hooks.add(hook)
 
+    def _lease_lost(self, lease: LeaseState, reason: str) -> None:
+        if self._hooks.hooks:
+            self._hooks.emit(Event("lost", lease.name, self.holder, lease.fence, detail=reason))
+
     def _renewal_failed(self, count: int, exc: Exception) -> None:
         if self._hooks.hooks:
             self._hooks.emit(
@@ -302,7 +333,7 @@ class LockService:
         renewer thread belong to the parent; the next use reconnects.
         """
         for lock in self._held:
-            lock.abandon_in_fork()
+            lock._lease.abandon_in_fork()
         # Kept, never freed: freeing the parent's tasks and futures here would
         # finalize what they hold, and a gRPC object finalized in a forked
         # child crashes it (a segfault, seen with etcd's give-backs).
@@ -490,7 +521,7 @@ class LockService:
             return None
         lock = Lock(self, name, token, ttl, sent=sent, fence=grant.fencing_token)
         self._held.add(lock)
-        self._renewer.add(lock)
+        self._renewer.add(lock._lease)
         return lock
 
     async def _give_back(self, name: str, token: str) -> bool:
@@ -610,7 +641,9 @@ class LockService:
         if len({lock.name for lock in locks}) != len(locks):
             raise InvalidArgument("release_each needs locks of distinct names")
         answers = [False] * len(locks)
-        pending = [(i, lock, lock._leave()) for i, lock in enumerate(locks) if not lock.released]
+        pending = [
+            (i, lock, lock._leave()) for i, lock in enumerate(locks) if not lock._lease.released
+        ]
         size = self.store.batch_max
         for begin in range(0, len(pending), size):
             chunk = pending[begin : begin + size]
@@ -776,7 +809,7 @@ class Direct:
     def release(self, lock: Lock, *, quietly: bool = False) -> bool:
         """:meth:`Lock.release`, on this thread; ``quietly``: a store failure is
         logged, not raised (as leaving ``async with lock`` does)."""
-        if lock.released:
+        if lock._lease.released:
             return False
         was_held = lock._leave()
         try:
@@ -805,22 +838,22 @@ class _LossWatch:
     its local deadline (a timer, moved on while renewals extend it). A future
     and a timer, not a task: a scheduler's tick runs a thousand of these."""
 
-    __slots__ = ("lock", "loop", "timer", "waiter")
+    __slots__ = ("lease", "loop", "timer", "waiter")
 
     def __init__(self, lock: Lock, loop: asyncio.AbstractEventLoop, lost: asyncio.Future[None]):
-        self.lock = lock
+        self.lease = lock._lease
         self.loop = loop
         self.waiter = (loop, lost)
         self.timer: asyncio.TimerHandle | None = None
-        remaining = lock.add_waiter(self.waiter)
+        remaining = self.lease.add_waiter(self.waiter)
         if remaining is None:
             settle(lost)
         else:
             self.timer = loop.call_later(max(remaining, 0.0), self._check)
 
     def _check(self) -> None:
-        if self.lock.alive():
-            remaining = self.lock.deadline - time.monotonic()
+        if self.lease.alive():
+            remaining = self.lease.deadline - time.monotonic()
             self.timer = self.loop.call_later(max(remaining, 0.0), self._check)
         else:
             settle(self.waiter[1])
@@ -828,7 +861,7 @@ class _LossWatch:
     def stop(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.lock.remove_waiter(self.waiter)
+        self.lease.remove_waiter(self.waiter)
 
 
 _live: weakref.WeakSet[LockService] = weakref.WeakSet()

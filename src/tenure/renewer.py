@@ -97,15 +97,18 @@ _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 class LeaseState:
     """What the holder and the renewer share about one grant.
 
-    A plain slotted class, and the base of ``Lock``: one is made per acquire,
-    on the hot path. ``loss`` is why the lease was lost, or None.
+    A plain slotted class, held by each ``Lock``: one is made per acquire, on
+    the hot path. ``loss`` is why the lease was lost, or None. ``on_lost`` is
+    called once, outside the guard, when it is lost (the service's event).
     """
 
     __slots__ = (
         "deadline",
+        "fence",
         "guard",
         "loss",
         "name",
+        "on_lost",
         "released",
         "renew_at",
         "token",
@@ -114,11 +117,21 @@ class LeaseState:
     )
 
     def __init__(
-        self, name: str, token: str, ttl: float, sent: float, guard: threading.Lock
+        self,
+        name: str,
+        token: str,
+        ttl: float,
+        sent: float,
+        guard: threading.Lock,
+        *,
+        fence: int = 0,
+        on_lost: Callable[[LeaseState, str], None] | None = None,
     ) -> None:
         self.name = name
         self.token = token
         self.ttl = ttl
+        self.fence = fence
+        self.on_lost = on_lost
         self.deadline = sent + ttl - safety_margin(ttl)
         self.renew_at = sent + ttl / 3  # renew_interval(ttl), inlined: one grant, one call less
         # Shared by every lease of a service (see Renewer.lease_guard): held
@@ -147,10 +160,8 @@ class LeaseState:
         # Outside the guard, which every lease of the service shares: a log
         # handler or an event hook may itself read some lock's state.
         log.warning("lock %r lost: %s", self.name, reason)
-        self.on_lost(reason)
-
-    def on_lost(self, reason: str) -> None:
-        """Called once, outside the guard, when the lease is lost (Lock: an event)."""
+        if self.on_lost is not None:
+            self.on_lost(self, reason)
 
     def _lose_locked(self, reason: str) -> bool:
         if self.released or self.loss is not None:

@@ -174,6 +174,11 @@ class Lock:
         return self._lock.held
 
     @property
+    def held_until(self) -> float:
+        """The ``time.monotonic()`` until which the grant is sure (see ``tenure.Lock``)."""
+        return self._lock.held_until
+
+    @property
     def lost(self) -> bool:
         return self._lock.lost
 

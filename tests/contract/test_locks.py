@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+import tenure
+import tenure.sync
 from tenure import LockLost, LockService, Outcome, StoreUnavailable, current_lock
 from tenure.renewer import LOST_BY_DEADLINE, LOST_BY_STORE
 from tenure.stores.base import AcquireItem
@@ -67,6 +69,16 @@ async def test_acquire_grants_and_contention_returns_none(
     assert await other.acquire("job", ttl=TTL) is None
     assert await locks.acquire("job", ttl=TTL) is None, "a lock is not reentrant"
     assert await other.acquire("another", ttl=TTL) is not None
+
+
+def test_a_lock_shows_its_public_api_only() -> None:
+    """The renewer's state is the lock's own, not inherited: ``dir`` shows
+    what a caller may use, on both APIs."""
+    shown = {"acquired_at", "fencing_token", "held", "held_until", "loss_error", "lost"}
+    shown |= {"lost_reason", "name", "release", "token", "ttl", "wait_lost"}
+    assert {n for n in dir(tenure.Lock) if not n.startswith("_")} == shown
+    blocking = shown - {"acquired_at", "loss_error"}
+    assert {n for n in dir(tenure.sync.Lock) if not n.startswith("_")} == blocking
 
 
 async def test_default_ttl_is_thirty_seconds(locks: LockService) -> None:

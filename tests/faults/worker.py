@@ -38,7 +38,7 @@ class Log:
 
 
 def deadline_ns(lock: Lock) -> int:
-    return int(lock.deadline * 1e9)  # time.monotonic() seconds, the clock of monotonic_ns
+    return int(lock.held_until * 1e9)  # time.monotonic() seconds, the clock of monotonic_ns
 
 
 async def watch(lock: Lock, log: Log) -> None:
