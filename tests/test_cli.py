@@ -49,7 +49,7 @@ async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Pa
         async with LockService.from_url(url) as locks:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
-                if [r for r in await locks.store.runs("cli.tick") if r.outcome == "ran"]:
+                if [r for r in await locks.store.runlog.runs("cli.tick") if r.outcome == "ran"]:
                     break
                 await asyncio.sleep(0.2)
             else:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tenure import LockService
-from tenure.stores._presence import presence_name
+from tenure.stores.runlog import presence_name
 
 from .helpers.cli_app import make
 from .helpers.procs import ROOT

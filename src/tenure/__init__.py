@@ -16,7 +16,7 @@ from .schedule import (
     current_run,
 )
 from .stores._waiters import WaitQueueFull
-from .stores.base import RunRecord
+from .stores.runlog import RunRecord
 
 __all__ = (
     "ConfigurationError",

@@ -31,7 +31,7 @@ from .schedule import Scheduler
 from .schedule.scheduler import SKEW_WARNING
 from .stores import _mask
 from .stores import from_url as store_from_url
-from .stores.base import RunRecord
+from .stores.runlog import RunOutcome, RunRecord
 
 __all__ = ("main",)
 
@@ -129,10 +129,10 @@ def demo(instances: int, seconds: float, url: str | None, skew: float) -> int:
         event = json.loads(line)
         fire, outcome = event["fire"], event["outcome"]
         seen.add(fire)
-        if outcome == "ran":
+        if outcome == RunOutcome.RAN:
             ran[fire].append(index)
             print(f"{_stamp(fire)}  instance {index}  ran it")
-        elif outcome == "claimed_elsewhere":
+        elif outcome == RunOutcome.CLAIMED_ELSEWHERE:
             print(f"{_stamp(fire)}  instance {index}  skipped: another instance claimed it")
         else:
             print(f"{_stamp(fire)}  instance {index}  {outcome}")
@@ -235,7 +235,7 @@ async def _tasks(
     else:
         locks = LockService.from_url(_url(url))
     async with locks:
-        records = await locks.store.runs(task, limit)
+        records = await locks.store.runlog.runs(task, limit)
     defined = _definitions(scheduler, task)
     if as_json:
         runs = [_record(r) for r in records]
@@ -336,7 +336,7 @@ async def _force_release(url: str, name: str, yes: bool) -> int:
         record = RunRecord(
             secrets.token_hex(8), f"tenure.release:{name}", None, operator, now, now, "forced", note
         )
-        await store.record_run(record, keep=100)
+        await store.runlog.record_run(record, keep=100)
         print(
             f"freed {name!r}: evicted {evicted.holder} (fencing token {evicted.fencing_token}). "
             "It loses the lock at its next renewal; every later grant has a larger token, "

@@ -30,16 +30,8 @@ from .events import Event, Hook, Hooks
 from .renewer import LOST_BY_DEADLINE, LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
 from .stores._waiters import WAITERS, Line
-from .stores.base import (
-    AcquireItem,
-    BlockingLeases,
-    Claim,
-    Grant,
-    ReleaseItem,
-    RunRecord,
-    StartItem,
-    Store,
-)
+from .stores.base import AcquireItem, BlockingLeases, Grant, ReleaseItem, Store
+from .stores.runlog import Claim, RunRecord, StartItem
 
 __all__ = ("Direct", "Lock", "LockService", "Outcome", "as_current", "current_lock")
 
@@ -575,7 +567,7 @@ class LockService:
                     starts[begin : begin + len(chunk)], chunk, strict=True
                 )
             ]
-            answers = await self.store.start_runs(items, keep=keep)
+            answers = await self.store.runlog.start_runs(items, keep=keep)
             claimed.extend(answer.claimed for answer in answers)
             return [answer.grant for answer in answers]
 

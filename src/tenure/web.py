@@ -33,7 +33,7 @@ RUNS_SHOWN = 300
 async def state(store: Store, scheduler: Scheduler | None) -> dict[str, Any]:
     """What the page shows, as JSON-ready data (never a secret token)."""
     holders = await store.holders()
-    records = await store.runs(None, RUNS_SHOWN)
+    records = await store.runlog.runs(None, RUNS_SHOWN)
     by_task: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for r in records:
         run = dataclasses.asdict(r)

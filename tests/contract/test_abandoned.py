@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 from tenure import LockService, RunRecord, Scheduler
-from tenure.stores._presence import presence_name
+from tenure.stores.runlog import presence_name
 
 
 def _running(run_id: str, instance: str, started: float) -> RunRecord:
@@ -30,14 +30,14 @@ async def test_a_running_record_reads_abandoned_once_its_instance_is_gone(
         _running("of-dead", "host:2:dead", now + 1),
         RunRecord("done", "job", now + 2, "host:2:dead", now + 2, now + 3, "ran"),
     ]
-    await store.record_runs(records, keep=10)
-    assert {r.run_id: r.outcome for r in await store.runs("job")} == {
+    await store.runlog.record_runs(records, keep=10)
+    assert {r.run_id: r.outcome for r in await store.runlog.runs("job")} == {
         "of-alive": "running",
         "of-dead": "running",
         "done": "ran",
     }
     for _ in range(150):  # etcd may take a second or two past the TTL
-        read = {r.run_id: r for r in await store.runs("job")}
+        read = {r.run_id: r for r in await store.runlog.runs("job")}
         if read["of-dead"].outcome != "running":
             break
         await asyncio.sleep(0.1)
@@ -49,7 +49,7 @@ async def test_a_running_record_reads_abandoned_once_its_instance_is_gone(
     assert read["of-alive"].outcome == "running"
     assert read["done"].outcome == "ran"
     # As stored, nothing changed: reading wrote nothing.
-    stored = {r.run_id: r.outcome for r in await store.stored_runs("job")}
+    stored = {r.run_id: r.outcome for r in await store.runlog.stored_runs("job")}
     assert stored == {"of-alive": "running", "of-dead": "running", "done": "ran"}
 
 
@@ -59,16 +59,16 @@ async def test_store_abandoned_writes_only_records_that_still_say_running(
     store = locks.store
     now = time.time()
     records = [_running(f"r{i}", "host:3:gone", now + i) for i in range(3)]
-    await store.record_runs(records, keep=10)
+    await store.runlog.record_runs(records, keep=10)
     # r1's own final record arrives first: it is never overwritten.
     finished = dataclasses.replace(records[1], ended=now + 5, outcome="ran")
-    await store.record_run(finished, keep=10)
+    await store.runlog.record_run(finished, keep=10)
     gone = [
         dataclasses.replace(r, outcome="abandoned", ended=now + 9, error="gone")
         for r in [*records, _running("never-written", "host:3:gone", now)]
     ]
-    assert await store.store_abandoned(gone) == 2
-    stored = {r.run_id: r for r in await store.stored_runs("job")}
+    assert await store.runlog.store_abandoned(gone) == 2
+    stored = {r.run_id: r for r in await store.runlog.stored_runs("job")}
     assert {k: r.outcome for k, r in stored.items()} == {
         "r0": "abandoned",
         "r1": "ran",
@@ -76,7 +76,7 @@ async def test_store_abandoned_writes_only_records_that_still_say_running(
     }
     assert stored["r0"].ended == now + 9 and stored["r0"].error == "gone"
     assert stored["r1"] == finished
-    assert await store.store_abandoned(gone) == 0, "done once: nothing says running now"
+    assert await store.runlog.store_abandoned(gone) == 0, "done once: nothing says running now"
 
 
 async def test_a_scheduler_holds_its_presence_and_its_runs_read_running(
@@ -97,10 +97,10 @@ async def test_a_scheduler_holds_its_presence_and_its_runs_read_running(
     holder = await locks.store.holder_of(presence_name(locks.holder))
     assert holder is not None and holder.holder == locks.holder
     await asyncio.sleep(1.5)  # past the presence TTL: the renewer keeps it
-    [record] = await locks.store.runs("job")
+    [record] = await locks.store.runlog.runs("job")
     assert record.outcome == "running"
     assert await scheduler.tasks.store_abandoned() == 0
     leave.set()
     assert await running == "ran"
-    [record] = await locks.store.runs("job")
+    [record] = await locks.store.runlog.runs("job")
     assert record.outcome == "ran"

@@ -13,7 +13,8 @@ import pytest
 
 from tenure import InvalidArgument, LockService, RunRecord, StoreUnavailable, current_lock
 from tenure._tokens import new_token
-from tenure.stores.base import AcquireItem, Claim, Started, StartItem
+from tenure.stores.base import AcquireItem
+from tenure.stores.runlog import Claim, Started, StartItem
 
 from ..conftest import StoreKind
 
@@ -119,31 +120,31 @@ async def test_claim_occurrences_decides_each_claim_as_claim_occurrence(
 ) -> None:
     store = locks.store
     me, you = "host:1:me", "host:2:you"
-    assert await store.claim_occurrences([Claim("a", 10.0, me), Claim("b", 10.0, me)]) == [
+    assert await store.runlog.claim_occurrences([Claim("a", 10.0, me), Claim("b", 10.0, me)]) == [
         True,
         True,
     ]
     # a: the same occurrence by another: taken; b: later: claimed; c: new.
-    assert await store.claim_occurrences(
+    assert await store.runlog.claim_occurrences(
         [Claim("a", 10.0, you), Claim("b", 11.0, you), Claim("c", 1.0, you)]
     ) == [False, True, True]
-    assert await store.claim_occurrences([Claim("a", 9.0, me)]) == [False]
-    assert await store.claim_occurrence("b", 11.0, me) is False
-    assert await store.claim_occurrences([]) == []
+    assert await store.runlog.claim_occurrences([Claim("a", 9.0, me)]) == [False]
+    assert await store.runlog.claim_occurrence("b", 11.0, me) is False
+    assert await store.runlog.claim_occurrences([]) == []
 
 
 async def test_a_claim_resent_by_its_claimant_is_still_its_own(locks: LockService) -> None:
     """The answer to a claim was lost and the claimant sends it again: yours,
     not "claimed elsewhere" (which would lose the occurrence)."""
     store = locks.store
-    assert await store.claim_occurrence("job", 60.0, "host:1:me") is True
-    assert await store.claim_occurrence("job", 60.0, "host:1:me") is True
-    assert await store.claim_occurrences([Claim("job", 60.0, "host:1:me")]) == [True]
-    assert await store.claim_occurrence("job", 60.0, "host:2:you") is False
+    assert await store.runlog.claim_occurrence("job", 60.0, "host:1:me") is True
+    assert await store.runlog.claim_occurrence("job", 60.0, "host:1:me") is True
+    assert await store.runlog.claim_occurrences([Claim("job", 60.0, "host:1:me")]) == [True]
+    assert await store.runlog.claim_occurrence("job", 60.0, "host:2:you") is False
     # Once a later occurrence is claimed, the earlier one is nobody's to resend.
-    assert await store.claim_occurrence("job", 120.0, "host:2:you") is True
-    assert await store.claim_occurrence("job", 60.0, "host:1:me") is False
-    assert await store.claim_occurrence("job", 120.0, "host:1:me") is False
+    assert await store.runlog.claim_occurrence("job", 120.0, "host:2:you") is True
+    assert await store.runlog.claim_occurrence("job", 60.0, "host:1:me") is False
+    assert await store.runlog.claim_occurrence("job", 120.0, "host:1:me") is False
 
 
 async def test_claimed_already_reads_which_occurrences_a_claim_would_lose(
@@ -151,17 +152,17 @@ async def test_claimed_already_reads_which_occurrences_a_claim_would_lose(
 ) -> None:
     store = locks.store
     me = "host:1:me"
-    assert await store.claim_occurrences([Claim("a", 10.0, me), Claim("b", 10.0, me)]) == [
+    assert await store.runlog.claim_occurrences([Claim("a", 10.0, me), Claim("b", 10.0, me)]) == [
         True,
         True,
     ]
     asked = [("a", 10.0), ("a", 9.0), ("b", 11.0), ("never", 1.0)]
     # The same or an earlier occurrence is taken; a later one and an unclaimed task are not.
-    assert await store.claimed_already(asked) == [True, True, False, False]
+    assert await store.runlog.claimed_already(asked) == [True, True, False, False]
     # It only read: the later occurrence is still free to claim.
-    assert await store.claim_occurrence("b", 11.0, "host:2:you") is True
-    assert await store.claimed_already([("b", 11.0)]) == [True]
-    assert await store.claimed_already([]) == []
+    assert await store.runlog.claim_occurrence("b", 11.0, "host:2:you") is True
+    assert await store.runlog.claimed_already([("b", 11.0)]) == [True]
+    assert await store.runlog.claimed_already([]) == []
 
 
 async def test_start_runs_claims_acquires_and_records_each_occurrence(
@@ -173,7 +174,7 @@ async def test_start_runs_claims_acquires_and_records_each_occurrence(
     me, you = locks.holder, other.holder
     held = await other.acquire("busy", ttl=5)
     assert held is not None
-    assert await store.claim_occurrence("taken", 60.0, "host:2:you") is True
+    assert await store.runlog.claim_occurrence("taken", 60.0, "host:2:you") is True
 
     def start(task: str, claimant: str, holder: str) -> StartItem:
         record = RunRecord(f"run-{task}", task, 60.0, holder, time.time(), None, "running")
@@ -181,27 +182,30 @@ async def test_start_runs_claims_acquires_and_records_each_occurrence(
         return StartItem(Claim(task, 60.0, claimant), lock, record)
 
     items = [start(task, "host:1:me", me) for task in ("free", "busy", "taken")]
-    free, busy, taken = await store.start_runs(items, keep=10)
+    free, busy, taken = await store.runlog.start_runs(items, keep=10)
     assert free.claimed and free.grant is not None
     assert busy.claimed and busy.grant is None, "claimed; its lock is held by another"
     assert not taken.claimed and taken.grant is None, "claimed by another first"
     [info] = await store.holders("free")
     assert (info.holder, info.fencing_token) == (me, free.grant.fencing_token)
-    stored = await store.stored_runs("free")
+    stored = await store.runlog.stored_runs("free")
     # The record names the grant, written in the same step as the claim.
     assert [(r.run_id, r.outcome, r.fence) for r in stored] == [
         ("run-free", "running", free.grant.fencing_token)
     ]
-    assert await store.stored_runs("busy") == [] and await store.stored_runs("taken") == []
+    assert (
+        await store.runlog.stored_runs("busy") == []
+        and await store.runlog.stored_runs("taken") == []
+    )
     # Resent after a lost answer: the claim, the lock and the record are its own still.
-    again = await store.start_runs(items[:1], keep=10)
+    again = await store.runlog.start_runs(items[:1], keep=10)
     assert again == [free]
-    assert [r.fence for r in await store.stored_runs("free")] == [free.grant.fencing_token]
+    assert [r.fence for r in await store.runlog.stored_runs("free")] == [free.grant.fencing_token]
     # Another claimant of the same occurrence gets nothing.
-    assert await store.start_runs([start("free", "host:2:you", you)], keep=10) == [
+    assert await store.runlog.start_runs([start("free", "host:2:you", you)], keep=10) == [
         Started(False, None)
     ]
-    assert await store.start_runs([], keep=10) == []
+    assert await store.runlog.start_runs([], keep=10) == []
     assert await store.release("free", items[0].lock.token)
     assert await held.release()
 
@@ -214,14 +218,14 @@ async def test_record_runs_keeps_the_newest_of_each_task(locks: LockService) -> 
             RunRecord(f"{task}-{round_}", task, now + round_, "me", now + round_, None, "running")
             for task in ("p", "q")
         ]
-        await store.record_runs(started, keep=2)
+        await store.runlog.record_runs(started, keep=2)
         ended = [
             RunRecord(r.run_id, r.task, r.fire_time, "me", r.started, r.started + 0.5, "ran")
             for r in started
         ]
-        await store.record_runs(ended, keep=2)
+        await store.runlog.record_runs(ended, keep=2)
     for task in ("p", "q"):
-        runs = await store.runs(task)
+        runs = await store.runlog.runs(task)
         assert [r.run_id for r in runs] == [f"{task}-3", f"{task}-2"]
         assert {r.outcome for r in runs} == {"ran"}
 
@@ -233,7 +237,7 @@ async def test_a_batch_the_store_fails_raises_and_keeps_nothing(
         LockService.from_url(shared_url) as locks,
         LockService.from_url(shared_url) as other,
     ):
-        await locks.store.runs()  # connected (and tables made) before the outage
+        await locks.store.runlog.runs()  # connected (and tables made) before the outage
         with shared_kind.outage(locks.store), pytest.raises(StoreUnavailable):
             await locks.acquire_each(["f1", "f2"], ttl=2)
         # Whatever the store applied is given back (or lapses within the TTL).

@@ -348,9 +348,9 @@ async def test_a_claim_of_an_older_shape_is_named_as_such(server: RedisServer) -
     store = RedisStore.from_url(f"{server.url}?prefix={prefix}")
     try:
         # The read that skips lost starts does not decide it: the claim says what is wrong.
-        assert await store.claimed_already([("job", 120.0)]) == [False]
+        assert await store.runlog.claimed_already([("job", 120.0)]) == [False]
         with pytest.raises(StoreUnavailable, match="older shape"):
-            await store.claim_occurrence("job", 120.0, "host:1:me")
+            await store.runlog.claim_occurrence("job", 120.0, "host:1:me")
     finally:
         await store.aclose()
 

@@ -93,7 +93,7 @@ async def test_an_occurrence_past_the_schedulers_thread_queue_ends_missed() -> N
         gate.set()
         assert await asyncio.gather(*runs) == ["ran", "ran"]
         assert sorted(started) == ["a", "b"]
-        [record] = await locks.store.runs("c")
+        [record] = await locks.store.runlog.runs("c")
         assert record.outcome == RunOutcome.MISSED
         assert record.error is not None and "thread pool full" in record.error
         assert scheduler.tasks.counts[RunOutcome.MISSED] == 1

@@ -59,7 +59,7 @@ async def test_demo_three_skewed_instances_run_each_occurrence_once(shared_url: 
     assert missing == 0
     # Independently of the demo's own count: the run records in the store.
     async with LockService.from_url(url) as locks:
-        records = await locks.store.runs("demo.tick", limit=1000)
+        records = await locks.store.runlog.runs("demo.tick", limit=1000)
     by_fire = collections.Counter(r.fire_time for r in records if r.outcome == "ran")
     assert len(by_fire) == occurrences
     assert set(by_fire.values()) == {1}, "each occurrence ran exactly once"
@@ -105,7 +105,7 @@ async def test_sigkill_of_the_running_instance_lets_another_take_the_next_occurr
         took_over = time.time() - killed
         assert took_over <= 1.0 + 1.0 + 0.5, took_over  # the TTL, the next second, a margin
         async with LockService.from_url(url) as locks:
-            records = await locks.store.runs("job", limit=100)
+            records = await locks.store.runlog.runs("job", limit=100)
         # While a ran, the occurrences were skipped by whichever instance claimed
         # them (a, being warm, may win every claim), and b ran none of them.
         skipped = [r for r in records if r.outcome == "skipped" and r.started < killed]
@@ -119,7 +119,7 @@ async def test_sigkill_of_the_running_instance_lets_another_take_the_next_occurr
         assert dead, "a died mid-run: its record was never closed"
         async with LockService.from_url(url) as locks:
             for _ in range(100):  # a's presence lease (1 s) may not have run out yet
-                found = [r for r in await locks.store.runs("job", 100) if r.run_id in dead]
+                found = [r for r in await locks.store.runlog.runs("job", 100) if r.run_id in dead]
                 if all(r.outcome != "running" for r in found):
                     break
                 await asyncio.sleep(0.1)
@@ -129,7 +129,9 @@ async def test_sigkill_of_the_running_instance_lets_another_take_the_next_occurr
             scheduler = Scheduler(locks, prune=None)
             scheduler.add(lambda: None, "* * * * *", name="job")
             assert await scheduler.tasks.store_abandoned() == len(dead)
-            stored = [r for r in await locks.store.stored_runs("job", 100) if r.run_id in dead]
+            stored = [
+                r for r in await locks.store.runlog.stored_runs("job", 100) if r.run_id in dead
+            ]
         assert {r.outcome for r in stored} == {"abandoned"}
         assert all(r.ended is not None and r.ended >= killed for r in stored)
     finally:

@@ -114,7 +114,7 @@ async def test_manual_run_is_recorded(scheduler: Scheduler, locks: LockService) 
 
     assert await scheduler.tasks.run("nightly") is Outcome.RAN
     assert seen == ["ran"]
-    [record] = await locks.store.runs("nightly")
+    [record] = await locks.store.runlog.runs("nightly")
     assert record.outcome == RunOutcome.RAN
     assert record.fire_time is None
     assert record.instance == locks.holder
@@ -134,21 +134,21 @@ async def test_a_runs_record_names_the_fencing_token_it_held(
         lock = current_run().lock
         assert lock is not None
         held.append(lock.fencing_token)
-        while_running.extend(await locks.store.runs("fenced"))
+        while_running.extend(await locks.store.runlog.runs("fenced"))
 
     assert await scheduler.tasks.run("fenced", occurrence=600.0) is Outcome.RAN
     # The start record, written with the claim, already names the grant.
     [running] = while_running
     assert (running.outcome, running.fence) == (RunOutcome.RUNNING, held[0])
-    [ran] = await locks.store.runs("fenced")
+    [ran] = await locks.store.runlog.runs("fenced")
     assert (ran.outcome, ran.fence) == (RunOutcome.RAN, held[0])
     assert await scheduler.tasks.run("fenced") is Outcome.RAN  # by hand
-    manual, _ = await locks.store.runs("fenced")
+    manual, _ = await locks.store.runlog.runs("fenced")
     assert manual.fire_time is None and manual.fence == held[1] > held[0]
     busy = await other.acquire("fenced", ttl=5)
     assert busy is not None
     assert await scheduler.tasks.run("fenced", occurrence=660.0) is Outcome.SKIPPED
-    skipped = (await locks.store.runs("fenced"))[0]
+    skipped = (await locks.store.runlog.runs("fenced"))[0]
     assert (skipped.outcome, skipped.fence) == (RunOutcome.SKIPPED, None), "it held none"
     await busy.release()
 
@@ -168,7 +168,7 @@ async def test_contention_is_skipped_silently(
     levels = {r.levelno for r in caplog.records if "busy" in r.getMessage()}
     assert levels == {logging.DEBUG}
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    [record] = await locks.store.runs("busy")
+    [record] = await locks.store.runlog.runs("busy")
     assert record.outcome == "skipped"
 
 
@@ -183,7 +183,9 @@ async def test_an_occurrence_is_claimed_once(locks: LockService, other: LockServ
     assert await second.tasks.run("once", occurrence=660.0) is Outcome.RAN
     assert runs == ["first", "second"]
     assert second.tasks.counts["claimed_elsewhere"] == 2
-    assert len(await locks.store.runs("once")) == 2, "only runs are recorded, not lost claims"
+    assert len(await locks.store.runlog.runs("once")) == 2, (
+        "only runs are recorded, not lost claims"
+    )
 
 
 async def test_failures_are_recorded_and_raised(scheduler: Scheduler, locks: LockService) -> None:
@@ -193,7 +195,7 @@ async def test_failures_are_recorded_and_raised(scheduler: Scheduler, locks: Loc
     scheduler.add(broken, "* * * * *", name="broken")
     with pytest.raises(RuntimeError, match="disk full"):
         await scheduler.tasks.run("broken", occurrence=60.0)
-    [record] = await locks.store.runs("broken")
+    [record] = await locks.store.runlog.runs("broken")
     assert record.outcome == "failed"
     assert record.fire_time == 60.0
     assert record.error == "RuntimeError: disk full"
@@ -213,7 +215,7 @@ async def test_records_are_kept_up_to_the_retention_limit(locks: LockService) ->
     scheduler.add(noop, "* * * * *", name="kept")
     for i in range(6):
         await scheduler.tasks.run("kept", occurrence=60.0 * (i + 1))
-    records = await locks.store.runs("kept")
+    records = await locks.store.runlog.runs("kept")
     assert [r.fire_time for r in records] == [360.0, 300.0, 240.0]
 
 
@@ -229,7 +231,7 @@ async def test_prune_is_a_scheduled_task_that_keeps_fencing(locks: LockService) 
     assert await locks.store.acquire("expired-name", "e" * 32, 0.5, "gone") is not None
     await asyncio.sleep(lapse(locks.store, 0.5))
     assert await scheduler.tasks.run("tenure.prune", occurrence=600.0) is Outcome.RAN
-    assert len(await locks.store.runs("p")) == 2
+    assert len(await locks.store.runlog.runs("p")) == 2
     again = await locks.acquire("pruned-name", ttl=1)
     assert again is not None
     assert again.fencing_token > lock.fencing_token
@@ -251,7 +253,7 @@ async def test_a_lost_lock_is_recorded_as_lost(scheduler: Scheduler, locks: Lock
     scheduler.add(vanishing, "* * * * *", name="vanishing", ttl=1)
     with pytest.raises(LockLost):
         await asyncio.wait_for(scheduler.tasks.run("vanishing", occurrence=60.0), 10)
-    [record] = await locks.store.runs("vanishing")
+    [record] = await locks.store.runlog.runs("vanishing")
     assert record.outcome == RunOutcome.LOST
     assert record.error is not None
     assert "lost" in record.error

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import pytest
 
 from tenure import LockService, RunOutcome, Scheduler
-from tenure.stores.base import Claim
 from tenure.stores.memory import MemoryStore
+from tenure.stores.runlog import Claim
 
 
 class FakeClock:
@@ -52,7 +52,7 @@ async def test_a_run_that_outlives_its_ttl_keeps_the_lock_and_later_occurrences_
             await asyncio.sleep(0.1)
 
     await serve_for(scheduler, 4.5)
-    records = sorted(await locks.store.runs("long"), key=lambda r: r.started)
+    records = sorted(await locks.store.runlog.runs("long"), key=lambda r: r.started)
     outcomes = [r.outcome for r in records]
     assert outcomes[0] == "ran", outcomes
     assert outcomes.count("ran") <= 2
@@ -81,7 +81,7 @@ async def test_a_late_tick_runs_only_within_the_grace_and_never_backfills(
     await asyncio.sleep(1.5)
     scheduler.stop()
     await serving
-    records = await locks.store.runs("minutely")
+    records = await locks.store.runlog.runs("minutely")
     assert [r.fire_time for r in records] == [1_800_000_300.0]
     assert len(ran) == 1
 
@@ -108,7 +108,7 @@ async def test_stop_waits_for_running_tasks_then_cancels(locks: LockService) -> 
     await asyncio.wait_for(serving, 10)
     assert time.monotonic() - begun >= 0.2
     assert quick_done, "a task that finishes within the timeout is waited for"
-    [record] = [r for r in await locks.store.runs("slow") if r.outcome != "skipped"][:1]
+    [record] = [r for r in await locks.store.runlog.runs("slow") if r.outcome != "skipped"][:1]
     assert record.outcome == RunOutcome.FAILED
     assert "cancelled" in (record.error or "")
     assert await locks.store.holders("slow") == [], "its lock was released"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tenure import LockService, RunOutcome, Scheduler
 from tenure.schedule._spread import PEERS_REFRESH, Spread
-from tenure.stores._presence import presence_name
+from tenure.stores.runlog import presence_name
 
 TASKS = [f"task-{i}" for i in range(3000)]
 
@@ -136,7 +136,7 @@ async def test_the_share_of_a_dead_instance_still_runs(tmp_path: Path) -> None:
         await asyncio.sleep(2.5)
         scheduler.stop()
         await serving
-        records = await locks.store.runs(None, 1000)
+        records = await locks.store.runlog.runs(None, 1000)
         by_task = collections.Counter(r.task for r in records if r.outcome == RunOutcome.RAN)
         for name in ghosts:
             assert by_task[name] >= 2, f"{name} (the ghost's) ran every tick: {by_task[name]}"
@@ -197,7 +197,7 @@ async def test_an_instance_that_finds_its_own_occurrences_taken_reads_the_instan
         # instance that reached the store first would.
         ahead = math.ceil(time.time()) + 3.0
         for i in range(20):
-            assert await newcomer.store.claim_occurrence(f"t{i}", ahead, "newcomer/1")
+            assert await newcomer.store.runlog.claim_occurrence(f"t{i}", ahead, "newcomer/1")
         known_after = await _until_known(spread, "newcomer", joined, 4.0)
         await presence.release()
     assert scheduler.tasks.counts["claimed_elsewhere"] > 0, "it found its own taken"

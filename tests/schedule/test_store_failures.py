@@ -25,7 +25,7 @@ async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
         async def nightly() -> None:
             ran.append(time.time())
 
-        await locks.store.runs("nightly")  # connected (and tables made) before the outage
+        await locks.store.runlog.runs("nightly")  # connected (and tables made) before the outage
         # This instance's presence lease taken before it too (serve() takes it first).
         assert await scheduler.tasks.presence.ready(10)
         occurrence = float(int(time.time()))
@@ -39,7 +39,7 @@ async def test_an_occurrence_the_store_fails_past_the_grace_ends_missed(
         assert outcome == "skipped" and ran == []
         assert scheduler.tasks.counts[RunOutcome.MISSED] == 1
         await scheduler.tasks.flush_missed(10)  # its record is written once the store is back
-        records = await locks.store.runs("nightly")
+        records = await locks.store.runlog.runs("nightly")
         assert [(r.fire_time, r.outcome) for r in records] == [(occurrence, "missed")]
         assert records[0].error is not None and "misfire grace" in records[0].error
         said = [
@@ -66,7 +66,7 @@ async def test_occurrences_missed_while_the_store_fails_merge_into_one_record(
         @scheduler.cron("* * * * *", name="often")
         async def often() -> None: ...
 
-        await locks.store.runs("often")  # connected (and tables made) before the outage
+        await locks.store.runlog.runs("often")  # connected (and tables made) before the outage
         assert await scheduler.tasks.presence.ready(10)  # taken before it too
         first = float(int(time.time()) // 60 * 60)
         occurrences = [first + 60 * k for k in range(4)]
@@ -83,7 +83,7 @@ async def test_occurrences_missed_while_the_store_fails_merge_into_one_record(
         counts = scheduler.tasks.counts
         assert counts[RunOutcome.MISSED] == 4 and counts["missed_merged"] == 3
         await scheduler.tasks.flush_missed(10)
-        [record] = await locks.store.runs("often")
+        [record] = await locks.store.runlog.runs("often")
         assert record.outcome == "missed" and record.fire_time == occurrences[0] - 240
         assert record.error is not None and record.error.startswith("missed 4 occurrences from ")
 
@@ -98,7 +98,7 @@ async def test_a_manual_run_is_not_retried(shared_kind: StoreKind, shared_url: s
         @scheduler.cron("* * * * *", name="by-hand")
         async def by_hand() -> None: ...
 
-        await locks.store.runs("by-hand")
+        await locks.store.runlog.runs("by-hand")
         assert await scheduler.tasks.presence.ready(10)  # taken before the outage
         with shared_kind.outage(locks.store), pytest.raises(StoreUnavailable):
             await scheduler.tasks.run("by-hand")
@@ -144,7 +144,7 @@ async def test_a_claim_whose_answer_was_lost_is_still_this_instances(
             assert tried_again, "the claim was sent again after its answer was lost"
             assert outcome == "ran" and len(ran) == 1
             assert scheduler.tasks.counts["claimed_elsewhere"] == 0
-            records = await locks.store.runs("job")
+            records = await locks.store.runlog.runs("job")
             assert [(r.fire_time, r.outcome) for r in records] == [
                 (occurrence, "ran"),
                 (occurrence - 60, "ran"),
@@ -178,7 +178,7 @@ async def test_a_start_whose_answer_was_lost_and_then_missed_leaves_no_running_r
                 if any(said in r.getMessage() for r in caplog.records):
                     break
                 await asyncio.sleep(0.01)
-            stored = await other.store.stored_runs("job")
+            stored = await other.store.runlog.stored_runs("job")
             assert [r.outcome for r in stored if r.fire_time == occurrence] == ["running"], (
                 "the start committed in the store"
             )
@@ -187,7 +187,7 @@ async def test_a_start_whose_answer_was_lost_and_then_missed_leaves_no_running_r
             assert proxy.dropped > 0, "an answer of the store was lost"
             assert scheduler.tasks.counts[RunOutcome.MISSED] == 1
             await scheduler.tasks.flush_missed(10)
-            records = await other.store.runs("job")
+            records = await other.store.runlog.runs("job")
             assert [(r.fire_time, r.outcome) for r in records] == [
                 (occurrence, "missed"),
                 (occurrence - 60, "ran"),
@@ -207,20 +207,20 @@ async def test_a_missed_start_merged_into_another_closes_its_own_record() -> Non
         ended = None if outcome == "running" else fire + 1
         return RunRecord(run_id, "job", fire, "host:1:me", fire, ended, outcome, error)
 
-    await store.record_runs(
+    await store.runlog.record_runs(
         [record("r1", 60.0, "running"), record("r2", 120.0, "running")], keep=10
     )
 
     async def write(records: list[RunRecord]) -> None:
-        await store.record_runs(records, keep=10)
+        await store.runlog.record_runs(records, keep=10)
 
-    missed = MissedRecords(write, store.store_abandoned, first_pause=0.01, most_pause=0.01)
+    missed = MissedRecords(write, store.runlog.store_abandoned, first_pause=0.01, most_pause=0.01)
     missed.add(record("r1", 60.0, "missed", "down"), maybe_started=True)
     missed.add(record("r2", 120.0, "missed", "down"), maybe_started=True)
     missed.add(record("r3", 180.0, "missed", "down"))  # its start surely wrote nothing
     await missed.flush(5)
     assert missed.merged == 2
-    by_id = {r.run_id: r for r in await store.stored_runs("job")}
+    by_id = {r.run_id: r for r in await store.runlog.stored_runs("job")}
     assert set(by_id) == {"r1", "r2"}, "merged, r3 is written nowhere"
     assert by_id["r1"].outcome == "missed"
     assert (by_id["r1"].error or "").startswith("missed 3 occurrences")

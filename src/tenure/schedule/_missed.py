@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from ..errors import TenureError
-from ..stores.base import RunRecord
+from ..stores.runlog import RunRecord
 
 __all__ = ("CLOSE_MOST", "MissedRecords")
 

@@ -16,7 +16,7 @@ import weakref
 
 from ..errors import StoreUnavailable, TenureError
 from ..locks import Lock, LockService
-from ..stores._presence import presence_name
+from ..stores.runlog import presence_name
 
 __all__ = ("Presence", "presence_of")
 

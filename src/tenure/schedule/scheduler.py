@@ -59,7 +59,7 @@ from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from ..errors import InvalidArgument, LockLost, TenureError
 from ..events import Event
 from ..locks import LockService
-from ..stores._presence import PRESENCE_TTL
+from ..stores.runlog import PRESENCE_TTL
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
 
 __all__ = ("Scheduler",)

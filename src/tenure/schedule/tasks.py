@@ -31,7 +31,6 @@ import collections
 import contextlib
 import contextvars
 import dataclasses
-import enum
 import functools
 import logging
 import math
@@ -48,8 +47,7 @@ from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
 from ..events import Event
 from ..locks import Lock, LockService, Outcome
-from ..stores._presence import PRESENCE_TTL, abandoned, live_instances
-from ..stores.base import Claim, RunRecord
+from ..stores.runlog import PRESENCE_TTL, Claim, RunOutcome, RunRecord, abandoned, live_instances
 from ._batch import Coalesced
 from ._missed import MissedRecords
 from ._presence import presence_of
@@ -62,21 +60,6 @@ log = logging.getLogger("tenure.scheduler")
 
 DEFAULT_KEEP_RUNS = 100
 """Run records kept per task."""
-
-
-class RunOutcome(enum.StrEnum):
-    """How one run ended, as its record says."""
-
-    RUNNING = "running"
-    RAN = "ran"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    LOST = "lost"
-    MISSED = "missed"
-    """It could not run: the store failed for longer than the misfire grace."""
-    ABANDONED = "abandoned"
-    """Its instance died while it ran (read from a ``running`` record whose
-    instance's presence lease is gone; stored so by the prune task)."""
 
 
 _RETRY_FIRST = 0.05
@@ -174,7 +157,7 @@ class ScheduledTaskStore:
         )
         self._acquires: dict[float | None, Coalesced[str, Lock | None]] = {}
         self._claimed: Coalesced[tuple[str, float], bool] = Coalesced(
-            locks.store.claimed_already, size, key=lambda occurrence: occurrence[0]
+            locks.store.runlog.claimed_already, size, key=lambda occurrence: occurrence[0]
         )
         self.spread = Spread(locks.holder)
         """Which tasks this instance claims first (see ``_spread``)."""
@@ -205,10 +188,10 @@ class ScheduledTaskStore:
         )
 
     async def _close_batch(self, records: list[RunRecord]) -> None:
-        await self.locks.store.store_abandoned(records)
+        await self.locks.store.runlog.store_abandoned(records)
 
     async def _record_batch(self, records: list[RunRecord]) -> list[None]:
-        await self.locks.store.record_runs(records, keep=self.keep_runs)
+        await self.locks.store.runlog.record_runs(records, keep=self.keep_runs)
         return [None] * len(records)
 
     def _acquire(self, name: str, ttl: float | None) -> Awaitable[Lock | None]:
@@ -470,7 +453,7 @@ class ScheduledTaskStore:
         (its instance's presence lease is gone) among the newest ``keep_runs``
         of each registered task; returns how many were stored."""
         store = self.locks.store
-        everything = await store.stored_runs(None, self.keep_runs * max(len(self._tasks), 1))
+        everything = await store.runlog.stored_runs(None, self.keep_runs * max(len(self._tasks), 1))
         running = [r for r in everything if r.outcome == RunOutcome.RUNNING]
         if not running:
             return 0
@@ -479,7 +462,7 @@ class ScheduledTaskStore:
             for record in abandoned(running, await live_instances(store), seen=self.clock())
             if record.outcome == RunOutcome.ABANDONED
         ]
-        return await store.store_abandoned(gone) if gone else 0
+        return await store.runlog.store_abandoned(gone) if gone else 0
 
     async def flush_missed(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the records of missed occurrences."""
@@ -515,8 +498,8 @@ class ScheduledTaskStore:
 
     def _claimed_elsewhere(self, name: str, occurrence: float) -> None:
         log.debug("task %r: occurrence %s was claimed elsewhere", name, occurrence)
-        self.counts["claimed_elsewhere"] += 1
-        self._tell(name, occurrence, "claimed_elsewhere", None)
+        self.counts[RunOutcome.CLAIMED_ELSEWHERE] += 1
+        self._tell(name, occurrence, RunOutcome.CLAIMED_ELSEWHERE, None)
 
     def _begin(self, ttl: float | None, start: _Start) -> asyncio.Future[_Begun]:
         """Send ``start`` (claim, lock, start record) with the tick's others of ``ttl``."""
@@ -609,7 +592,7 @@ class ScheduledTaskStore:
             error="its start's answer was lost, and a later claim came before it was sent again",
         )
         try:
-            await self.locks.store.store_abandoned([closed])
+            await self.locks.store.runlog.store_abandoned([closed])
         except TenureError as exc:
             log.debug("could not close the record of run %s: %s", record.run_id, exc)
 
@@ -707,7 +690,7 @@ class ScheduledTaskStore:
         )
 
     def _tell(
-        self, name: str, occurrence: float | None, outcome: str, seconds: float | None
+        self, name: str, occurrence: float | None, outcome: RunOutcome, seconds: float | None
     ) -> None:
         hooks = self.locks._hooks
         if hooks.hooks:

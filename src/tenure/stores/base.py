@@ -1,10 +1,12 @@
 """The store contract: the one place that says what every store must do.
 
-A store keeps leases. A lease is a name held under a secret token until an
-expiry that the *store's* clock decides (Redis ``PX``, SQL server time, the
-host's monotonic clock for SQLite); a client never compares timestamps that
-other hosts wrote. Everything above this module (``LockService``, the renewer,
-the scheduler) is written against this contract only.
+A store keeps leases (this module) and, beside them, the scheduler's run log
+(``stores.runlog``, offered as ``store.runlog``). A lease is a name held
+under a secret token until an expiry that the *store's* clock decides (Redis
+``PX``, SQL server time, the host's monotonic clock for SQLite); a client
+never compares timestamps that other hosts wrote. Everything above this
+module (``LockService``, the renewer, the scheduler) is written against this
+contract only.
 
 Rules every implementation follows:
 
@@ -27,28 +29,25 @@ Rules every implementation follows:
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from ._gate import Gate
-from ._presence import RUNNING, abandoned, live_instances
+
+if TYPE_CHECKING:
+    from .runlog import RunLog
 
 __all__ = (
     "AcquireItem",
     "BlockingLeases",
-    "Claim",
     "Finding",
     "Grant",
     "HandedOver",
     "LeaseInfo",
     "ReleaseItem",
     "RenewItem",
-    "RunRecord",
-    "StartItem",
-    "Started",
     "Store",
 )
 
@@ -89,35 +88,6 @@ class AcquireItem(NamedTuple):
     holder: str
 
 
-class Claim(NamedTuple):
-    """One occurrence claim of a batch (:meth:`Store.claim_occurrences`)."""
-
-    task: str
-    fire_time: float
-    claimant: str
-
-
-class StartItem(NamedTuple):
-    """One occurrence's start (:meth:`Store.start_runs`): its claim, the
-    acquire of its task's lock (``lock.name`` is ``claim.task``) and its
-    start record (outcome ``running``; the store writes it with the grant's
-    fencing token as its ``fence``)."""
-
-    claim: Claim
-    lock: AcquireItem
-    record: RunRecord
-
-
-class Started(NamedTuple):
-    """What :meth:`Store.start_runs` did with one item."""
-
-    claimed: bool
-    """The occurrence is this claimant's (see :meth:`Store.claim_occurrence`)."""
-    grant: Grant | None
-    """The lock, when the occurrence was claimed and the lock was free (the
-    start record is then written); None when either was not."""
-
-
 class ReleaseItem(NamedTuple):
     """One release of a batch (:meth:`Store.release_many`)."""
 
@@ -137,51 +107,6 @@ class LeaseInfo:
     acquired_at: float | None = None
     """When it was granted, POSIX seconds (the store's clock where it has one:
     Redis and PostgreSQL; else the acquiring host's), None if unknown."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """What became of one run of a scheduled task: the answer to "did the 02:00 run happen?"."""
-
-    run_id: str
-    """Random id of this run; a record is written at the start and again at the end."""
-    task: str
-    fire_time: float | None
-    """The occurrence (POSIX seconds, from the cron expression); None for a manual run."""
-    instance: str
-    """The instance that ran or skipped it: ``host:pid:id``."""
-    started: float
-    ended: float | None
-    outcome: str
-    """``running``, then ``ran``, ``skipped`` (still held by an earlier run),
-    ``failed`` (the task raised), ``lost`` (its lock was lost under it),
-    ``missed`` (it could not run) or ``abandoned`` (its instance died while it
-    ran: see :meth:`Store.runs`)."""
-    error: str | None = None
-    fence: int | None = None
-    """The fencing token of the task's lock that the run held; None when it
-    held none (skipped, missed, or a task with ``exclusive=False``). An
-    occurrence's start writes it with its claim and its ``running`` record in
-    one atomic step, so a run killed at any point leaves a record naming its
-    grant."""
-
-    def row(
-        self,
-    ) -> tuple[str, str, float | None, str, float, float | None, str, str | None, int | None]:
-        """The fields in order, as the stores write them and ``RunRecord(*row)``
-        reads them back (``dataclasses.astuple`` costs twenty times as much).
-        A stored row of eight fields (before ``fence``) reads with no fence."""
-        return (
-            self.run_id,
-            self.task,
-            self.fire_time,
-            self.instance,
-            self.started,
-            self.ended,
-            self.outcome,
-            self.error,
-            self.fence,
-        )
 
 
 class BlockingLeases(ABC):
@@ -227,10 +152,9 @@ class Store(ABC):
     whose calls complete without waiting on a network (memory, SQLite)."""
 
     batch_max: ClassVar[int] = 500
-    """The most items one call of a batch method (:meth:`claim_occurrences`,
-    :meth:`acquire_many`, :meth:`release_many`, :meth:`record_runs`,
-    :meth:`start_runs`) takes;
-    callers split longer batches. etcd's is its transaction limit (128)."""
+    """The most items one call of a batch method takes (:meth:`acquire_many`,
+    :meth:`release_many`, and the run log's): callers split longer batches.
+    etcd's is its transaction limit (128)."""
 
     grants_on_release: ClassVar[bool] = False
     """True when the store offers :meth:`acquire_waiting`: a release hands the
@@ -245,6 +169,12 @@ class Store(ABC):
         Checks what it can without waiting on the network (the URL's form, its
         options, a local file), so that misconfiguration fails at start-up.
         """
+
+    @property
+    @abstractmethod
+    def runlog(self) -> RunLog:
+        """The scheduler's claims and run records, kept in this store beside
+        its leases (``stores.runlog``)."""
 
     @abstractmethod
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
@@ -312,36 +242,6 @@ class Store(ABC):
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
         """The live leases whose names start with ``prefix``, sorted by name."""
 
-    @abstractmethod
-    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
-        """Compare-and-advance the last claimed occurrence of ``task`` to ``fire_time``.
-
-        Atomic. True when ``fire_time`` is later than every occurrence of
-        ``task`` claimed before (and is now the last claimed, by
-        ``claimant``), and also when ``claimant`` itself made the last claim,
-        of this very ``fire_time``: a claim resent after its answer was lost
-        is still its maker's. False when an equal or later one was claimed by
-        another, or a later one by anyone. This is what keeps an instance
-        whose clock runs behind from re-running an occurrence that already ran.
-        """
-
-    @abstractmethod
-    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
-        """For each ``(task, fire_time)`` (distinct tasks), whether that
-        occurrence or a later one of the task is claimed already: then a claim
-        of it by a new claimant answers False. A read, one call for at most
-        ``batch_max``; it writes nothing. Claims only advance, so True stays
-        true: the scheduler skips the start of an occurrence another instance
-        took, instead of sending its claim, lock and record to lose.
-        """
-
-    @abstractmethod
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        """Insert or replace the record with ``record.run_id``.
-
-        Keeps at most the ``keep`` newest records (by ``started``) of that task.
-        """
-
     # -- batches: what many concurrent callers ask for, in as few round trips
     # as the store allows (the scheduler's tick). Each item is one atomic step
     # on its own, exactly as the single call; the batch is not all-or-nothing.
@@ -349,76 +249,13 @@ class Store(ABC):
     # known about any item: some may have been applied. The defaults make one
     # call per item (the memory store needs no more).
 
-    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
-        """:meth:`claim_occurrence` for each claim (distinct tasks); one bool each, in order."""
-        return [await self.claim_occurrence(*claim) for claim in claims]
-
     async def acquire_many(self, items: Sequence[AcquireItem]) -> list[Grant | None]:
         """:meth:`acquire` for each item (distinct names); one answer each, in order."""
         return [await self.acquire(*item) for item in items]
 
-    async def start_runs(self, items: Sequence[StartItem], *, keep: int) -> list[Started]:
-        """Start each occurrence of ``items`` (distinct tasks): claim it; if
-        claimed, acquire its lock; if granted, write its start record, with
-        the grant's fencing token as its ``fence``. One
-        answer each, in order.
-
-        A store that can makes each item one atomic step (one transaction,
-        one script, one statement), so that a claimed occurrence whose lock
-        was granted always has its record, whatever happens to the caller
-        next; the default makes three batch calls (claims, then acquires of
-        the claimed, then records of the granted). Resent with the same
-        claimant, token and run id after a lost answer, every part answers
-        as it did the first time (a claim, an acquire and a record are each
-        idempotent for their maker), so a retry never loses an occurrence.
-        """
-        claimed = await self.claim_occurrences([item.claim for item in items])
-        won = [item for item, yes in zip(items, claimed, strict=True) if yes]
-        grants = iter(await self.acquire_many([item.lock for item in won]) if won else [])
-        answers = [Started(yes, next(grants) if yes else None) for yes in claimed]
-        records = [
-            dataclasses.replace(item.record, fence=answer.grant.fencing_token)
-            for item, answer in zip(items, answers, strict=True)
-            if answer.grant is not None
-        ]
-        if records:
-            await self.record_runs(records, keep=keep)
-        return answers
-
     async def release_many(self, items: Sequence[ReleaseItem]) -> list[bool]:
         """:meth:`release` for each item (distinct names); one answer each, in order."""
         return [await self.release(*item) for item in items]
-
-    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
-        """:meth:`record_run` for each record (distinct run ids)."""
-        for record in records:
-            await self.record_run(record, keep=keep)
-
-    async def runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
-        """The newest run records, of one task or of all, newest first.
-
-        A record that says ``running`` reads ``abandoned`` once its instance's
-        presence lease is no longer live (``stores._presence``): one call more,
-        made only when a record says ``running``.
-        """
-        records = await self.stored_runs(task, limit)
-        if not any(record.outcome == RUNNING for record in records):
-            return records
-        return abandoned(records, await live_instances(self))
-
-    @abstractmethod
-    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
-        """:meth:`runs` as stored: a record says ``running`` until it is written again."""
-
-    @abstractmethod
-    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
-        """Write each of ``records`` (outcome ``abandoned``; or ``missed``, for
-        a start whose answer was lost) where the stored record of its run_id
-        still says ``running``; returns how many were.
-
-        Each record is its own compare-and-set: a run's own final record,
-        written meanwhile, is never overwritten.
-        """
 
     @abstractmethod
     async def prune(self, *, keep_runs: int) -> int:

@@ -77,9 +77,9 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import check_pool_max, number
-from ._presence import RUNNING
 from ._waiters import Wakeups
-from .base import AcquireItem, Claim, Grant, LeaseInfo, ReleaseItem, RenewItem, RunRecord, Store
+from .base import AcquireItem, Grant, LeaseInfo, ReleaseItem, RenewItem, Store
+from .runlog import Claim, RunLog, RunOutcome, RunRecord
 
 __all__ = ("EtcdStore",)
 
@@ -194,12 +194,21 @@ class _Releases:
         return self.since > seen + 1 or seen < self.forgot or self.deleted.get(name, 0) > seen
 
 
-class EtcdStore(Store):
+class EtcdStore(Store, RunLog):
     """Leases in an etcd cluster. See the module docstring."""
 
     gate: Gate
 
     scheme: ClassVar[str] = "etcd"
+
+    @property
+    def runlog(self) -> RunLog:
+        return self
+
+    @property
+    def leases(self) -> Store:
+        return self
+
     # A nested transaction's operations count against what its parent leaves
     # of --max-txn-ops (128 by default): 126 items, each a transaction of at
     # most two operations a level, fill one.
@@ -913,9 +922,6 @@ class EtcdStore(Store):
     def _run_task_prefix(self, task: str) -> bytes:
         return self._run_prefix + task.encode() + b"\0"
 
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        await self.record_runs([record], keep=keep)
-
     def _run_key(self, record: RunRecord) -> bytes:
         return (
             self._run_task_prefix(record.task)
@@ -925,7 +931,7 @@ class EtcdStore(Store):
         )
 
     async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
-        # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
+        # RunRecord's fields in order; runs() rebuilds it with RunRecord.from_row(fields).
         puts = [
             rpc.RequestOp(
                 request_put=rpc.PutRequest(key=self._run_key(r), value=json.dumps(r.row()).encode())
@@ -989,7 +995,7 @@ class EtcdStore(Store):
         for record in records:
             key = self._run_key(record)
             found = await self._call("Range", "kv", rpc.RangeRequest(key=key))
-            if not found.kvs or json.loads(found.kvs[0].value)[6] != RUNNING:
+            if not found.kvs or json.loads(found.kvs[0].value)[6] != RunOutcome.RUNNING:
                 continue
             answer = await self._call(
                 "Txn",
@@ -1016,7 +1022,7 @@ class EtcdStore(Store):
             request.sort_target = rpc.RangeRequest.KEY
             request.limit = limit
         answer = await self._call("Range", "kv", request)
-        found = [RunRecord(*json.loads(kv.value)) for kv in answer.kvs]
+        found = [RunRecord.from_row(json.loads(kv.value)) for kv in answer.kvs]
         found.sort(key=lambda r: r.started, reverse=True)
         return found[:limit]
 

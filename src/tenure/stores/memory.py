@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 from .._aio import settle, woken_within
 from ..errors import ConfigurationError
-from ._presence import RUNNING
-from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, RunRecord, Store
+from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, Store
+from .runlog import RunLog, RunOutcome, RunRecord
 
 __all__ = ("MemoryStore",)
 
@@ -41,10 +41,18 @@ class _Lease:
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
-class MemoryStore(Store):
+class MemoryStore(Store, RunLog):
     """Leases in this process's memory. See the module docstring."""
 
     scheme: ClassVar[str] = "memory"
+
+    @property
+    def runlog(self) -> RunLog:
+        return self
+
+    @property
+    def leases(self) -> Store:
+        return self
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
     _named_guard: ClassVar[threading.Lock] = threading.Lock()
@@ -161,16 +169,17 @@ class MemoryStore(Store):
             for last, (_, fire) in zip(lasts, occurrences, strict=True)
         ]
 
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
         with self._mutex:
-            self._runs[record.run_id] = record
-            mine = sorted(
-                (r for r in self._runs.values() if r.task == record.task),
-                key=lambda r: r.started,
-                reverse=True,
-            )
-            for old in mine[keep:]:
-                del self._runs[old.run_id]
+            for record in records:
+                self._runs[record.run_id] = record
+                mine = sorted(
+                    (r for r in self._runs.values() if r.task == record.task),
+                    key=lambda r: r.started,
+                    reverse=True,
+                )
+                for old in mine[keep:]:
+                    del self._runs[old.run_id]
 
     async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         with self._mutex:
@@ -183,7 +192,7 @@ class MemoryStore(Store):
         with self._mutex:
             for record in records:
                 stored = self._runs.get(record.run_id)
-                if stored is not None and stored.outcome == RUNNING:
+                if stored is not None and stored.outcome == RunOutcome.RUNNING:
                     self._runs[record.run_id] = record
                     written += 1
         return written

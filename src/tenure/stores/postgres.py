@@ -101,23 +101,19 @@ from ..errors import ConfigurationError, StoreUnavailable
 from . import _mask
 from ._gate import Gate
 from ._options import POOL_MAX, check_pool_max, number
-from ._presence import RUNNING
 from ._waiters import QUEUE_LIFE, Wakeups
 from .base import (
     AcquireItem,
     BlockingLeases,
-    Claim,
     Finding,
     Grant,
     HandedOver,
     LeaseInfo,
     ReleaseItem,
     RenewItem,
-    RunRecord,
-    Started,
-    StartItem,
     Store,
 )
+from .runlog import Claim, RunLog, RunOutcome, RunRecord, Started, StartItem
 
 __all__ = ("PostgresStore", "schema_sql")
 
@@ -322,12 +318,20 @@ def _sever_overdue(in_flight: set[_InFlight], timeout: float) -> None:
             _sever(statement.conn)
 
 
-class PostgresStore(Store):
+class PostgresStore(Store, RunLog):
     """Leases in a PostgreSQL table. See the module docstring."""
 
     gate: Gate
 
     scheme: ClassVar[str] = "postgresql"
+
+    @property
+    def runlog(self) -> RunLog:
+        return self
+
+    @property
+    def leases(self) -> Store:
+        return self
 
     def __init__(
         self,
@@ -598,7 +602,7 @@ class PostgresStore(Store):
         )
         self._sql_abandon = names.render(
             "UPDATE {runs} SET ended = %s, outcome = %s, error = %s"
-            f" WHERE run_id = %s AND outcome = '{RUNNING}' RETURNING 1"
+            f" WHERE run_id = %s AND outcome = '{RunOutcome.RUNNING}' RETURNING 1"
         )
         columns = "run_id, task, fire_time, instance, started, ended, outcome, error, fence"
         self._sql_runs_all = names.render(
@@ -1169,9 +1173,6 @@ class PostgresStore(Store):
     async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
         return bool(await self._query(self._sql_claim, (task, fire_time, claimant)))
 
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        await self.record_runs([record], keep=keep)
-
     async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
         if not occurrences:
             return []
@@ -1242,7 +1243,7 @@ class PostgresStore(Store):
             rows = await self._query(self._sql_runs_all, (limit,))
         else:
             rows = await self._query(self._sql_runs_task, (task, limit))
-        return [RunRecord(*row) for row in rows]
+        return [RunRecord.from_row(row) for row in rows]
 
     async def prune(self, *, keep_runs: int) -> int:
         rows = await self._query(self._sql_prune, (keep_runs,))

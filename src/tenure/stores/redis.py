@@ -90,18 +90,15 @@ from ._waiters import QUEUE_LIFE, Wakeups
 from .base import (
     AcquireItem,
     BlockingLeases,
-    Claim,
     Finding,
     Grant,
     HandedOver,
     LeaseInfo,
     ReleaseItem,
     RenewItem,
-    RunRecord,
-    Started,
-    StartItem,
     Store,
 )
+from .runlog import Claim, RunLog, RunRecord, Started, StartItem
 
 __all__ = ("RedisStore",)
 
@@ -264,12 +261,20 @@ def _escape_glob(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-class RedisStore(Store):
+class RedisStore(Store, RunLog):
     """Leases in Redis. See the module docstring."""
 
     gate: Gate
 
     scheme: ClassVar[str] = "redis"
+
+    @property
+    def runlog(self) -> RunLog:
+        return self
+
+    @property
+    def leases(self) -> Store:
+        return self
 
     def __init__(
         self, url: str, *, prefix: str = "tenure", cluster: bool = False, pool_max: int = POOL_MAX
@@ -1065,13 +1070,10 @@ class RedisStore(Store):
     def _record_call(
         self, record: RunRecord, keep: int
     ) -> tuple[tuple[str, str], tuple[str, str, str, int]]:
-        # RunRecord's fields in order; runs() rebuilds it with RunRecord(*fields).
+        # RunRecord's fields in order; runs() rebuilds it with RunRecord.from_row(fields).
         payload = json.dumps(record.row())
         trim = keep if record.ended is not None else 0
         return self._runs_keys(record.task), (record.run_id, payload, repr(record.started), trim)
-
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        await self.record_runs([record], keep=keep)
 
     async def _trim(self, task: str, keep: int) -> int:
         records, index = self._runs_keys(task)
@@ -1103,7 +1105,7 @@ class RedisStore(Store):
                 if ids:
                     for raw in await self._call("hmget", records, list(ids)):
                         if raw is not None:
-                            found.append(RunRecord(*json.loads(raw)))
+                            found.append(RunRecord.from_row(json.loads(raw)))
         except _DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"Redis at {self.describe()} failed: {exc}") from exc
         found.sort(key=lambda r: r.started, reverse=True)

@@ -82,21 +82,17 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import ConfigurationError, StoreUnavailable
-from ._presence import RUNNING
 from .base import (
     AcquireItem,
     BlockingLeases,
-    Claim,
     Finding,
     Grant,
     LeaseInfo,
     ReleaseItem,
     RenewItem,
-    RunRecord,
-    Started,
-    StartItem,
     Store,
 )
+from .runlog import Claim, RunLog, RunOutcome, RunRecord, Started, StartItem
 
 __all__ = ("SQLiteStore",)
 
@@ -240,10 +236,18 @@ class _Checkpointer:
             conn.close()
 
 
-class SQLiteStore(Store):
+class SQLiteStore(Store, RunLog):
     """Leases in a SQLite database file. See the module docstring."""
 
     scheme: ClassVar[str] = "sqlite"
+
+    @property
+    def runlog(self) -> RunLog:
+        return self
+
+    @property
+    def leases(self) -> Store:
+        return self
 
     def __init__(
         self,
@@ -751,9 +755,6 @@ class SQLiteStore(Store):
             for record in records:
                 self._record_now(record, keep)
 
-    async def record_run(self, record: RunRecord, *, keep: int) -> None:
-        self._record_now(record, keep)
-
     def _record_now(self, record: RunRecord, keep: int) -> None:
         p = self.prefix
         self._run(
@@ -778,7 +779,13 @@ class SQLiteStore(Store):
         with self._transaction():
             cur = self._cursor()
             for record in records:
-                params = (record.ended, record.outcome, record.error, record.run_id, RUNNING)
+                params = (
+                    record.ended,
+                    record.outcome,
+                    record.error,
+                    record.run_id,
+                    RunOutcome.RUNNING,
+                )
                 try:
                     written += cur.execute(sql, params).rowcount
                 except sqlite3.Error as exc:
@@ -797,7 +804,7 @@ class SQLiteStore(Store):
                 f"SELECT {columns} FROM {p}_runs WHERE task = ? ORDER BY started DESC LIMIT ?",
                 (task, limit),
             )
-        return [RunRecord(*row) for row in rows]
+        return [RunRecord.from_row(row) for row in rows]
 
     async def prune(self, *, keep_runs: int) -> int:
         p = self.prefix
