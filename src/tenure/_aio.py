@@ -57,3 +57,24 @@ def is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ makes an async callable
     )
+
+
+class Background:
+    """Tasks left to finish on their own (a give-back, a withdrawal), each
+    referenced until done so that it is not collected mid-flight."""
+
+    __slots__ = ("tasks",)
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Future[Any]] = set()
+
+    def start(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def finish(self) -> None:
+        """Wait for every task still running; their errors are theirs."""
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)

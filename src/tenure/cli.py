@@ -29,8 +29,8 @@ from .errors import ConfigurationError, StoreUnavailable, TenureError
 from .locks import LockService
 from .schedule import Scheduler
 from .schedule.scheduler import SKEW_WARNING
-from .stores import _mask
 from .stores import from_url as store_from_url
+from .stores import mask_url
 from .stores.runlog import RunOutcome, RunRecord
 
 __all__ = ("main",)
@@ -90,7 +90,7 @@ def demo(instances: int, seconds: float, url: str | None, skew: float) -> int:
     # A bad URL fails here, once, with its own message, not in every instance.
     asyncio.run(store_from_url(url).aclose())
     offsets = [(i - (instances - 1) / 2) * skew for i in range(instances)]
-    print(f"tenure demo: {instances} instances of one application on {_mask(url)}")
+    print(f"tenure demo: {instances} instances of one application on {mask_url(url)}")
     print(f"each runs the task {DEMO_TASK!r} every second, for {seconds:g} s; their clocks")
     print("are offset by " + ", ".join(f"{o:+.2f} s" for o in offsets) + ".\n")
     procs = [

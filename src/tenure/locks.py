@@ -30,7 +30,7 @@ from .events import Event, Hook, Hooks
 from .renewer import LOST_BY_DEADLINE, LeaseState, Renewer, handover_lease, safety_margin
 from .stores import from_url as store_from_url
 from .stores._waiters import WAITERS, Line
-from .stores.base import AcquireItem, BlockingLeases, Grant, ReleaseItem, Store
+from .stores.base import AcquireItem, BlockingLeases, Grant, HandsOver, ReleaseItem, Store
 from .stores.runlog import Claim, RunRecord, StartItem
 
 __all__ = ("Direct", "Lock", "LockService", "Outcome", "as_current", "current_lock")
@@ -420,7 +420,7 @@ class LockService:
         if wait == 0:
             return await self._try_acquire(name, ttl)
         line = self._line
-        handed_over = self.store.grants_on_release
+        handed_over = isinstance(self.store, HandsOver)
         if not handed_over and not line.waiting(name):
             lock = await self._try_acquire(name, ttl)
             if lock is not None:
@@ -454,6 +454,7 @@ class LockService:
         while True:
             token = new_token()
             self._line.store_waits += 1
+            assert isinstance(self.store, HandsOver)
             got = await self.store.acquire_waiting(
                 name,
                 token,

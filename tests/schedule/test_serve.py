@@ -223,11 +223,14 @@ class _GatedClaims(MemoryStore):
         super().__init__()
         self.claiming = asyncio.Event()
         self.opened = asyncio.Event()
+        claim = self.runlog.claim_occurrences
 
-    async def claim_occurrences(self, claims: Sequence[Claim]) -> list[bool]:
-        self.claiming.set()
-        await self.opened.wait()
-        return await super().claim_occurrences(claims)
+        async def gated(claims: Sequence[Claim]) -> list[bool]:
+            self.claiming.set()
+            await self.opened.wait()
+            return await claim(claims)
+
+        self.runlog.claim_occurrences = gated  # type: ignore[method-assign]
 
 
 async def test_stop_while_a_tick_is_claiming_still_runs_what_it_won() -> None:

@@ -9,12 +9,13 @@ imports cleanly with no optional driver installed. Each store class offers
 from __future__ import annotations
 
 import importlib
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
+from ._options import mask as mask_url
 from .base import Grant, LeaseInfo, RenewItem, Store
 
-__all__ = ("Grant", "LeaseInfo", "RenewItem", "Store", "from_url", "known_schemes")
+__all__ = ("Grant", "LeaseInfo", "RenewItem", "Store", "from_url", "known_schemes", "mask_url")
 
 # scheme -> (module, class, the extra that installs its driver or None)
 _REGISTRY: dict[str, tuple[str, str, str | None]] = {
@@ -33,24 +34,6 @@ def known_schemes() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def _mask(url: str) -> str:
-    """The URL with any password replaced, safe to put in a message: the one
-    before the host and a ``password=`` query option (redis-py and libpq take both)."""
-    base, mark, query = url.partition("?")
-    if mark:
-        options = parse_qsl(query, keep_blank_values=True)
-        if any(key.lower() == "password" for key, _ in options):
-            masked = [(k, "***" if k.lower() == "password" else v) for k, v in options]
-            query = urlencode(masked, safe="*/")
-    parts = urlsplit(base)
-    if parts.password is not None:
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        # Spliced, not urlunsplit: that writes unix:///path back as unix:/path.
-        base = base.replace(parts.netloc, f"{user}:***@{netloc}", 1)
-    return f"{base}{mark}{query}"
-
-
 def from_url(url: str) -> Store:
     """Open the store a URL names. Raises ConfigurationError for a bad URL."""
     if not isinstance(url, str):
@@ -59,7 +42,7 @@ def from_url(url: str) -> Store:
     entry = _REGISTRY.get(scheme)
     if entry is None:
         raise ConfigurationError(
-            f"unknown store URL scheme {scheme!r} in {_mask(url)!r}; "
+            f"unknown store URL scheme {scheme!r} in {mask_url(url)!r}; "
             f"known schemes: {', '.join(known_schemes())}"
         )
     module_name, class_name, extra = entry

@@ -1,10 +1,21 @@
-"""URL options that several stores share: numbers, and the bound on calls in flight."""
+"""URL options every store shares: parsing them, masking secrets, and the bound on calls in flight.
+
+A store declares the options it takes (name -> kind) and :func:`options`
+reads them from the URL's query, each converted to its kind, with one message
+form for a bad value; the options it does not know are its driver's (Redis,
+PostgreSQL) or an error naming the known ones (SQLite, etcd). :func:`mask`
+makes any URL safe to show.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
 from ..errors import ConfigurationError
 
-__all__ = ("POOL_MAX", "POOL_MAX_LIMIT", "check_pool_max", "number")
+__all__ = ("POOL_MAX", "POOL_MAX_LIMIT", "check_pool_max", "mask", "number", "options")
 
 POOL_MAX = 10
 """Connections (etcd: calls in flight) a store uses at most by default. A few
@@ -12,6 +23,9 @@ hundred concurrent callers queue for them (see ``_gate``) rather than opening
 one each; a renewer has its own."""
 
 POOL_MAX_LIMIT = 1000
+
+_TRUE = ("true", "yes", "1")
+_FALSE = ("false", "no", "0")
 
 
 def number(store: str, key: str, value: str, kind: type[float] | type[int]) -> float | int:
@@ -23,6 +37,56 @@ def number(store: str, key: str, value: str, kind: type[float] | type[int]) -> f
         raise ConfigurationError(
             f"{store} URL option {key} must be {what}, got {value!r}"
         ) from None
+
+
+def _flag(key: str, value: str) -> bool:
+    if value.lower() not in (*_TRUE, *_FALSE):
+        raise ConfigurationError(f"{key} must be true or false, got {value!r}")
+    return value.lower() in _TRUE
+
+
+def options(
+    store: str, query: str, known: Mapping[str, type[Any]], *, others: bool
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The options of a URL's ``query`` that ``known`` names, each as its kind
+    (``str``, ``int``, ``float`` or ``bool``: true/yes/1, false/no/0), and
+    the rest in order. With ``others`` False, an unknown option is a
+    ConfigurationError listing the known ones."""
+    found: dict[str, Any] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        kind = known.get(key)
+        if kind is None:
+            if not others:
+                raise ConfigurationError(
+                    f"unknown {store} URL option {key!r}; known: {', '.join(sorted(known))}"
+                )
+            rest.append((key, value))
+        elif kind is bool:
+            found[key] = _flag(key, value)
+        elif kind is int or kind is float:
+            found[key] = number(store, key, value, kind)
+        else:
+            found[key] = value
+    return found, rest
+
+
+def mask(url: str) -> str:
+    """The URL with any password replaced, safe to put in a message: the one
+    before the host and a ``password=`` query option (redis-py and libpq take both)."""
+    base, mark, query = url.partition("?")
+    if mark:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(key.lower() == "password" for key, _ in pairs):
+            masked = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
+            query = urlencode(masked, safe="*/")
+    parts = urlsplit(base)
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        # Spliced, not urlunsplit: that writes unix:///path back as unix:/path.
+        base = base.replace(parts.netloc, f"{user}:***@{netloc}", 1)
+    return f"{base}{mark}{query}"
 
 
 def check_pool_max(value: object, option: str = "pool_max") -> int:

@@ -30,9 +30,9 @@ Rules every implementation follows:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self
 
 from ._gate import Gate
 
@@ -45,10 +45,12 @@ __all__ = (
     "Finding",
     "Grant",
     "HandedOver",
+    "HandsOver",
     "LeaseInfo",
     "ReleaseItem",
     "RenewItem",
     "Store",
+    "evict",
 )
 
 
@@ -109,6 +111,34 @@ class LeaseInfo:
     Redis and PostgreSQL; else the acquiring host's), None if unknown."""
 
 
+class HandsOver(ABC):
+    """A store whose release hands the lease to a queued waiter in the same
+    atomic step (Redis, PostgreSQL): the waiter holds the lock as soon as it
+    hears of it, without another round trip. ``LockService`` waits through
+    :meth:`acquire_waiting` on such a store, and through
+    :meth:`Store.wait_released` on the others."""
+
+    @abstractmethod
+    async def acquire_waiting(
+        self, name: str, token: str, ttl: float, holder: str, *, timeout: float, handover: float
+    ) -> HandedOver | None:
+        """Acquire ``name`` for ``token``, waiting up to ``timeout`` seconds (may be inf).
+
+        The waiter queues itself
+        in the store; a release hands the lease straight to the waiter queued
+        next, for ``handover`` seconds (at most ``ttl``), which the new holder's
+        renewer then extends to ``ttl``: a waiter that died while queued keeps
+        the name from others for about ``handover``, not a whole TTL. Waiters
+        still wake on every release and on the expiry of the current lease, as
+        :meth:`wait_released` does, and try again. Returns None when
+        ``timeout`` passed without a grant; then nothing of this waiter stays
+        queued, and a lease handed over just before is returned, not dropped.
+        Cancelled, or failing with StoreUnavailable, it withdraws and releases
+        ``token`` in the background (a queue entry lapses by itself within a
+        second or so when the store cannot be reached).
+        """
+
+
 class BlockingLeases(ABC):
     """A store's acquire and release as plain calls (:meth:`Store.blocking`).
 
@@ -156,11 +186,6 @@ class Store(ABC):
     :meth:`release_many`, and the run log's): callers split longer batches.
     etcd's is its transaction limit (128)."""
 
-    grants_on_release: ClassVar[bool] = False
-    """True when the store offers :meth:`acquire_waiting`: a release hands the
-    lease to a queued waiter in the same atomic step, so the waiter holds the
-    lock as soon as it hears of it, without another round trip."""
-
     @classmethod
     @abstractmethod
     def from_url(cls, url: str) -> Store:
@@ -205,8 +230,8 @@ class Store(ABC):
         and returns False. A lease that is still ``token``'s but already
         expired is removed too, and False is returned: the grant was no longer
         valid. True only when a live lease held by ``token`` was released.
-        A store with :attr:`grants_on_release` then grants the lease to the
-        waiter queued next, if one is, in the same atomic step.
+        A store that :class:`HandsOver` then grants the lease to the waiter
+        queued next, if one is, in the same atomic step.
         """
 
     @abstractmethod
@@ -217,26 +242,6 @@ class Store(ABC):
         the current lease. May return early or spuriously: the caller retries
         acquire and calls again. ``timeout`` is finite and positive.
         """
-
-    async def acquire_waiting(
-        self, name: str, token: str, ttl: float, holder: str, *, timeout: float, handover: float
-    ) -> HandedOver | None:
-        """Acquire ``name`` for ``token``, waiting up to ``timeout`` seconds (may be inf).
-
-        Only for stores with :attr:`grants_on_release`. The waiter queues itself
-        in the store; a release hands the lease straight to the waiter queued
-        next, for ``handover`` seconds (at most ``ttl``), which the new holder's
-        renewer then extends to ``ttl``: a waiter that died while queued keeps
-        the name from others for about ``handover``, not a whole TTL. Waiters
-        still wake on every release and on the expiry of the current lease, as
-        :meth:`wait_released` does, and try again. Returns None when
-        ``timeout`` passed without a grant; then nothing of this waiter stays
-        queued, and a lease handed over just before is returned, not dropped.
-        Cancelled, or failing with StoreUnavailable, it withdraws and releases
-        ``token`` in the background (a queue entry lapses by itself within a
-        second or so when the store cannot be reached).
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not grant on release")
 
     @abstractmethod
     async def holders(self, prefix: str = "") -> list[LeaseInfo]:
@@ -271,6 +276,7 @@ class Store(ABC):
         """The live lease of exactly ``name`` (``holders`` matches a prefix), or None."""
         return next((i for i in await self.holders(name) if i.name == name), None)
 
+    @abstractmethod
     async def force_release(self, name: str) -> LeaseInfo | None:
         """Free ``name`` whoever holds it: an operator's action on a stale lock.
 
@@ -279,29 +285,9 @@ class Store(ABC):
         the name's fencing counter is advanced past the evicted grant, so every
         later grant's token is larger and fenced resources refuse the evicted
         holder's writes once they have seen one. The evicted holder learns of it
-        at its next renewal (its lock is then lost).
-
-        Stores implement it with :meth:`_live_grant` (the current token and
-        what operators may see) and :meth:`_bump_fence`; the removal itself is
-        :meth:`release`'s compare-and-set, so only the grant that was read is
-        removed.
+        at its next renewal (its lock is then lost). Most stores make it with
+        :func:`evict`.
         """
-        found = await self._live_grant(name)
-        if found is None:
-            return None
-        token, info = found
-        if not await self.release(name, token):
-            return None
-        await self._bump_fence(name)
-        return info
-
-    async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
-        """The live grant of ``name`` with its token; None when free. Store-internal:
-        the token never leaves the store's code."""
-        raise NotImplementedError(f"{type(self).__name__} cannot force a release")
-
-    async def _bump_fence(self, name: str) -> None:  # noqa: B027 - stores with a sequence need nothing
-        """Advance the fencing counter of a just-freed ``name`` by one."""
 
     async def server_time(self) -> float | None:
         """The store's clock now, POSIX seconds; None for a store without a clock
@@ -334,9 +320,22 @@ class Store(ABC):
 
         The renewer calls this once and closes what it gets back when that is
         not ``self``. The default returns ``self``, for stores that are safe to
-        call from any thread's loop.
+        call from any thread's loop; the others return :meth:`remade`.
         """
         return self
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        store = super().__new__(cls)
+        # What remade() makes another of: no store copies its options by hand.
+        store._made_with = (args, kwargs)
+        return store
+
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def remade(self, **changes: Any) -> Self:
+        """A new store made with this one's constructor arguments (and ``changes``)."""
+        args, kwargs = self._made_with
+        return type(self)(*args, **{**kwargs, **changes})
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Close connections. The store must not be used afterwards."""
@@ -344,3 +343,25 @@ class Store(ABC):
     def describe(self) -> str:
         """The store's URL with any password masked, for messages and logs."""
         return f"{self.scheme}://"
+
+
+async def evict(
+    name: str,
+    live_grant: Callable[[str], Awaitable[tuple[str, LeaseInfo] | None]],
+    release: Callable[[str, str], Awaitable[bool]],
+    bump_fence: Callable[[str], Awaitable[None]] | None = None,
+) -> LeaseInfo | None:
+    """:meth:`Store.force_release` from a store's own steps: ``live_grant``
+    reads the current token and what operators may see (the token never
+    leaves the store's code), ``release`` removes exactly that grant (its
+    compare-and-set), and ``bump_fence`` advances the name's fencing counter
+    (not needed where tokens come from one sequence)."""
+    found = await live_grant(name)
+    if found is None:
+        return None
+    token, info = found
+    if not await release(name, token):
+        return None
+    if bump_fence is not None:
+        await bump_fence(name)
+    return info

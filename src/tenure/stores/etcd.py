@@ -74,9 +74,8 @@ from aetcd.watcher import Watcher
 
 from .._aio import woken_within
 from ..errors import ConfigurationError, StoreUnavailable
-from . import _mask
 from ._gate import Gate
-from ._options import check_pool_max, number
+from ._options import check_pool_max, mask, number
 from ._waiters import Wakeups
 from .base import AcquireItem, Grant, LeaseInfo, ReleaseItem, RenewItem, Store
 from .runlog import Claim, RunLog, RunOutcome, RunRecord
@@ -283,7 +282,7 @@ class EtcdStore(Store, RunLog):
             host, sep, port = part.rpartition(":")
             if not sep or not port.isdigit() or not host or not (0 < int(port) < 65536):
                 raise ConfigurationError(
-                    f"etcd endpoint {part!r} in {_mask(url)!r} is not host:port"
+                    f"etcd endpoint {part!r} in {mask(url)!r} is not host:port"
                 )
             endpoints.append((host.strip("[]"), int(port)))
         options: dict[str, Any] = {}

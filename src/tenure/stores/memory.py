@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from .._aio import settle, woken_within
 from ..errors import ConfigurationError
-from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, Store
+from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, Store, evict
 from .runlog import RunLog, RunOutcome, RunRecord
 
 __all__ = ("MemoryStore",)
@@ -41,18 +41,10 @@ class _Lease:
 _Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
-class MemoryStore(Store, RunLog):
+class MemoryStore(Store):
     """Leases in this process's memory. See the module docstring."""
 
     scheme: ClassVar[str] = "memory"
-
-    @property
-    def runlog(self) -> RunLog:
-        return self
-
-    @property
-    def leases(self) -> Store:
-        return self
 
     _named: ClassVar[dict[str, MemoryStore]] = {}
     _named_guard: ClassVar[threading.Lock] = threading.Lock()
@@ -66,6 +58,11 @@ class MemoryStore(Store, RunLog):
         self._claims: dict[str, tuple[float, str]] = {}
         self._runs: dict[str, RunRecord] = {}
         self._plain = _PlainCalls(self)
+        self._runlog = _MemoryRunLog(self)
+
+    @property
+    def runlog(self) -> RunLog:
+        return self._runlog
 
     @classmethod
     def named(cls, name: str) -> MemoryStore:
@@ -110,6 +107,9 @@ class MemoryStore(Store, RunLog):
     async def release(self, name: str, token: str) -> bool:
         return self._plain.release(name, token)
 
+    async def force_release(self, name: str) -> LeaseInfo | None:
+        return await evict(name, self._live_grant, self.release, self._bump_fence)
+
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         now = time.monotonic()
         with self._mutex:
@@ -152,50 +152,6 @@ class MemoryStore(Store, RunLog):
                 for name, lease in sorted(self._leases.items())
                 if name.startswith(prefix) and lease.expires > now
             ]
-
-    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
-        with self._mutex:
-            last = self._claims.get(task)
-            if last is not None and last[0] >= fire_time:
-                return last == (fire_time, claimant)
-            self._claims[task] = (fire_time, claimant)
-            return True
-
-    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
-        with self._mutex:
-            lasts = [self._claims.get(task) for task, _ in occurrences]
-        return [
-            last is not None and last[0] >= fire
-            for last, (_, fire) in zip(lasts, occurrences, strict=True)
-        ]
-
-    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
-        with self._mutex:
-            for record in records:
-                self._runs[record.run_id] = record
-                mine = sorted(
-                    (r for r in self._runs.values() if r.task == record.task),
-                    key=lambda r: r.started,
-                    reverse=True,
-                )
-                for old in mine[keep:]:
-                    del self._runs[old.run_id]
-
-    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
-        with self._mutex:
-            chosen = [r for r in self._runs.values() if task is None or r.task == task]
-        chosen.sort(key=lambda r: r.started, reverse=True)
-        return chosen[:limit]
-
-    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
-        written = 0
-        with self._mutex:
-            for record in records:
-                stored = self._runs.get(record.run_id)
-                if stored is not None and stored.outcome == RunOutcome.RUNNING:
-                    self._runs[record.run_id] = record
-                    written += 1
-        return written
 
     async def prune(self, *, keep_runs: int) -> int:
         now = time.monotonic()
@@ -254,3 +210,63 @@ class _PlainCalls(BlockingLeases):
             except RuntimeError:  # that waiter's loop has closed
                 pass
         return lease.expires > now
+
+
+class _MemoryRunLog(RunLog):
+    """Claims and run records in the store's dicts, under its mutex."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    @property
+    def leases(self) -> MemoryStore:
+        return self._store
+
+    async def claim_occurrence(self, task: str, fire_time: float, claimant: str) -> bool:
+        store = self._store
+        with store._mutex:
+            last = store._claims.get(task)
+            if last is not None and last[0] >= fire_time:
+                return last == (fire_time, claimant)
+            store._claims[task] = (fire_time, claimant)
+            return True
+
+    async def claimed_already(self, occurrences: Sequence[tuple[str, float]]) -> list[bool]:
+        store = self._store
+        with store._mutex:
+            lasts = [store._claims.get(task) for task, _ in occurrences]
+        return [
+            last is not None and last[0] >= fire
+            for last, (_, fire) in zip(lasts, occurrences, strict=True)
+        ]
+
+    async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
+        store = self._store
+        with store._mutex:
+            for record in records:
+                store._runs[record.run_id] = record
+                mine = sorted(
+                    (r for r in store._runs.values() if r.task == record.task),
+                    key=lambda r: r.started,
+                    reverse=True,
+                )
+                for old in mine[keep:]:
+                    del store._runs[old.run_id]
+
+    async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
+        store = self._store
+        with store._mutex:
+            chosen = [r for r in store._runs.values() if task is None or r.task == task]
+        chosen.sort(key=lambda r: r.started, reverse=True)
+        return chosen[:limit]
+
+    async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
+        store = self._store
+        written = 0
+        with store._mutex:
+            for record in records:
+                stored = store._runs.get(record.run_id)
+                if stored is not None and stored.outcome == RunOutcome.RUNNING:
+                    store._runs[record.run_id] = record
+                    written += 1
+        return written

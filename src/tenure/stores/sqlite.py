@@ -91,6 +91,7 @@ from .base import (
     ReleaseItem,
     RenewItem,
     Store,
+    evict,
 )
 from .runlog import Claim, RunLog, RunOutcome, RunRecord, Started, StartItem
 
@@ -630,6 +631,9 @@ class SQLiteStore(Store, RunLog):
                 )
             )
         return found
+
+    async def force_release(self, name: str) -> LeaseInfo | None:
+        return await evict(name, self._live_grant, self.release, self._bump_fence)
 
     async def _live_grant(self, name: str) -> tuple[str, LeaseInfo] | None:
         now = time.monotonic_ns()

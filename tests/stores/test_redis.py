@@ -17,7 +17,9 @@ from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.renewer import LOST_BY_STORE
-from tenure.stores.redis import RedisStore, _BlockingCalls, _packed_here, _version_numbers
+from tenure.stores.redis import RedisStore, version_numbers
+from tenure.stores.redis.blocking import BlockingCalls
+from tenure.stores.redis.scripts import packed_here
 
 from ..conftest import STORES
 from ..helpers.procs import ROOT
@@ -244,7 +246,7 @@ def test_redis_cluster_on_an_older_redis_py_is_refused(
     [("8.2.0", (8, 2, 0)), ("8.10.1", (8, 10, 1)), ("9.0.0b2", (9, 0, 0)), ("10", (10,))],
 )
 def test_redis_py_versions_compare_as_numbers(version: str, release: tuple[int, ...]) -> None:
-    assert _version_numbers(version) == release
+    assert version_numbers(version) == release
 
 
 @pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
@@ -307,30 +309,32 @@ async def test_the_cluster_lanes_follow_a_slot_that_moved() -> None:
             lock = await locks.acquire("moving", ttl=5)
             assert lock is not None
             key = "{mv:moving}:lease"
-            source = store._client.get_node_from_key(key)
-            assert store._node_lanes[source.name].conn is not None, "the acquire took the lane"
+            source = store.transport.client.get_node_from_key(key)
+            assert store.transport._node_lanes[source.name].conn is not None, (
+                "the acquire took the lane"
+            )
             target = next(node.port for node in cluster.nodes if node.port != int(source.port))
             _move_slot(cluster, key_slot(key.encode()), int(source.port), target)
-            assert int(store._client.get_node_from_key(key).port) == int(source.port)
+            assert int(store.transport.client.get_node_from_key(key).port) == int(source.port)
             assert await lock.release() is True
-            moved = store._client.get_node_from_key(key)
+            moved = store.transport.client.get_node_from_key(key)
             assert int(moved.port) == target, "the release met MOVED and followed it"
             again = await locks.acquire("moving", ttl=5)
             assert again is not None and again.fencing_token > lock.fencing_token
-            assert store._node_lanes[moved.name].conn is not None, "the new node's lane"
+            assert store.transport._node_lanes[moved.name].conn is not None, "the new node's lane"
             assert await again.release() is True
         # The same for tenure.sync's blocking lanes (idle connections per node).
         with sync.LockService.from_url(f"{cluster.url}&prefix=mv") as blocking:
             bstore = blocking.store.blocking()
-            assert isinstance(bstore, _BlockingCalls)
+            assert isinstance(bstore, BlockingCalls)
             first = blocking.acquire("moving", ttl=5)
             assert first is not None
-            here = bstore._blocking.get_node_from_key(key)
+            here = bstore.client.get_node_from_key(key)
             assert bstore._node_idle[here.name][1], "the acquire went on the node's lane"
             there = next(node.port for node in cluster.nodes if node.port != int(here.port))
             _move_slot(cluster, key_slot(key.encode()), int(here.port), there)
             assert first.release() is True
-            followed = bstore._blocking.get_node_from_key(key)
+            followed = bstore.client.get_node_from_key(key)
             assert int(followed.port) == there, "the release met MOVED and followed it"
             later = blocking.acquire("moving", ttl=5)
             assert later is not None and later.fencing_token > first.fencing_token
@@ -359,5 +363,5 @@ def test_commands_are_encoded_alike_with_and_without_hiredis() -> None:
     """The pre-encoded script calls use hiredis's packer when it is installed,
     else tenure's own: both give redis-py's bytes (a float as its repr)."""
     parts = ("EVALSHA", b"\x00sha", 2, "{t:é}:lease", 1733400000.123456, 1e-07, 1 / 3, -5, "")
-    assert _packed_here(parts) == hiredis.pack_command(parts)  # type: ignore[arg-type]
-    assert _packed_here(("a", 0.5)) == b"*2\r\n$1\r\na\r\n$3\r\n0.5\r\n"
+    assert packed_here(parts) == hiredis.pack_command(parts)  # type: ignore[arg-type]
+    assert packed_here(("a", 0.5)) == b"*2\r\n$1\r\na\r\n$3\r\n0.5\r\n"

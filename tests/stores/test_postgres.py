@@ -17,7 +17,8 @@ import pytest
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.stores.base import RenewItem
-from tenure.stores.postgres import SCHEMA_VERSION, PostgresStore, _BlockingCalls
+from tenure.stores.postgres import SCHEMA_VERSION, PostgresStore
+from tenure.stores.postgres.blocking import BlockingCalls
 
 from ..conftest import postgres_server
 from ..helpers.procs import ROOT
@@ -202,7 +203,7 @@ def test_the_blocking_api_acquires_and_releases_on_the_callers_thread() -> None:
     url = f"{postgres_server().url()}?prefix={_prefix()}&pool_max=2"
     with sync.LockService.from_url(url) as locks:
         store = locks.store.blocking()
-        assert isinstance(store, _BlockingCalls)
+        assert isinstance(store, BlockingCalls)
         lock = locks.acquire("plain", ttl=1)
         assert lock is not None and lock.release() is True
         assert locks._portal._loop is None, "acquire and release made no hop to a loop thread"
@@ -258,7 +259,7 @@ def test_the_blocking_store_rides_through_a_restart(server: PostgresServer) -> N
     restart drops them all and is sent once more on a new connection."""
     with sync.LockService.from_url(server.url()) as locks:
         store = locks.store.blocking()
-        assert isinstance(store, _BlockingCalls)
+        assert isinstance(store, BlockingCalls)
         lock = locks.acquire("restart", ttl=5)
         assert lock is not None
         taken = [store._take() for _ in range(3)]

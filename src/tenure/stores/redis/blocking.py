@@ -1,0 +1,137 @@
+"""The Redis store's acquire and release as plain calls, for blocking callers (``tenure.sync``).
+
+They go through redis-py's blocking client on the caller's thread, with the
+same scripts, keys and answers as the store's coroutines (which serve
+everything else: waiters on the API's loop thread, and the renewer), and the
+same paths: pre-encoded on idle connections of the store's own (on a cluster,
+per node, with the same fallback to the general path), the same retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import redis as redis_sync
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.retry import Retry as BlockingRetry
+
+from .._errors import Translated
+from .._gate import Gate
+from .._retry import retried_now
+from ..base import BlockingLeases, Grant
+from .scripts import SHAS, SOURCES, Keys, evalsha
+from .transport import DRIVER_ERRORS, NOT_SERVED_HERE, broken, client
+
+__all__ = ("BlockingCalls",)
+
+T = TypeVar("T")
+
+
+class BlockingCalls(BlockingLeases):
+    """Acquire and release on the caller's thread (see the module docstring).
+
+    Any thread may call: each call takes a connection off an idle list
+    (``list.pop`` and ``append`` are atomic), or a new one from the pool, and
+    puts it back after reading its reply.
+    """
+
+    def __init__(self, url: str, *, cluster: bool, pool_max: int, keys: Keys, gate: Gate) -> None:
+        self.cluster = cluster
+        self.keys = keys
+        self.gate = gate
+        """The store's gate: blocking and asyncio calls share one bound."""
+        self.translated = Translated(DRIVER_ERRORS, gate.what)
+        factory = redis_sync.RedisCluster.from_url if cluster else redis_sync.Redis.from_url
+        self.client: Any = client(factory, url, pool_max, BlockingRetry)
+        self._idle: list[Any] = []
+        """Idle connections (single server)."""
+        self._node_idle: dict[str, tuple[Any, list[Any]]] = {}
+        """Per Redis Cluster node (by name): its connection pool and our idle connections."""
+
+    def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
+        fence = self._script("acquire", *self.keys.acquire(name, token, ttl, holder))
+        return None if fence is None else Grant(int(fence))
+
+    def release(self, name: str, token: str) -> bool:
+        return bool(self._script("release", *self.keys.release(name, token)))
+
+    def close(self) -> None:
+        while self._idle:
+            self.client.connection_pool.release(self._idle.pop())
+        for pool, idle in self._node_idle.values():
+            while idle:
+                pool.release(idle.pop())
+        self.client.close()
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        with self.gate.blocking(), self.translated:
+            if not self.cluster:
+                pool = self.client.connection_pool
+                return retried_now(
+                    lambda: self._on_lane(pool, self._idle, name, keys, args), broken
+                )
+            lane = self._node_lane(keys[0])
+            if lane is not None:
+                try:
+                    return self._on_lane(*lane, name, keys, args)
+                except (*NOT_SERVED_HERE, RedisConnectionError):
+                    pass  # it did not run there, or the node went: the general way follows
+            return self._loaded(
+                name, lambda: self.client.evalsha(SHAS[name], len(keys), *keys, *args)
+            )
+
+    def _loaded(self, name: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except NoScriptError:  # the server restarted or flushed its script cache
+            self.client.script_load(SOURCES[name])
+            return call()
+
+    def _node_lane(self, key: str) -> tuple[Any, list[Any]] | None:
+        """The connection pool of the cluster node that serves ``key``, with our
+        idle connections to it; None when redis-py has none yet."""
+        try:
+            node = self.client.get_node_from_key(key)
+        except DRIVER_ERRORS:
+            return None
+        node_client = None if node is None else node.redis_connection
+        if node_client is None:
+            return None
+        pool = node_client.connection_pool
+        lane = self._node_idle.get(node.name)
+        if lane is None or lane[0] is not pool:  # first use, or the node was replaced
+            lane = self._node_idle[node.name] = (pool, [])
+        return lane
+
+    def _on_lane(
+        self,
+        pool: Any,
+        idle: list[Any],
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
+    ) -> Any:
+        """EVALSHA, pre-encoded, on an idle connection of ours."""
+        try:
+            conn = idle.pop()
+        except IndexError:  # none idle (another thread may just have taken the last)
+            conn = pool.get_connection()
+
+        def send() -> Any:
+            conn.send_packed_command([evalsha(name, keys, args)], check_health=False)
+            return conn.read_response()
+
+        try:
+            answer = self._loaded(name, send)
+        except ResponseError:
+            idle.append(conn)  # an answer: the connection itself is fine
+            raise
+        except BaseException:
+            # A timeout or an interruption may leave a reply unread.
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        idle.append(conn)
+        return answer
