@@ -47,8 +47,8 @@ async def run(url: str, n: int, rounds: int) -> None:
         key = f"{store.prefix}/bench-get".encode()
 
         async def two_gets() -> None:
-            await store._call("Range", "kv", rpc.RangeRequest(key=key))
-            await store._call("Range", "kv", rpc.RangeRequest(key=key))
+            await store.transport.call("Range", "kv", rpc.RangeRequest(key=key))
+            await store.transport.call("Range", "kv", rpc.RangeRequest(key=key))
 
         async with aetcd.Client(host=host, port=port) as client:
 

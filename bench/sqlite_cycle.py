@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tenure import LockService
-from tenure.stores.sqlite import _INLINE_CHECKPOINT_PAGES, PAGE_SIZE
+from tenure.stores.sqlite.schema import INLINE_CHECKPOINT_PAGES as _INLINE_CHECKPOINT_PAGES
+from tenure.stores.sqlite.schema import PAGE_SIZE
 
 
 def time_sync(fn: Callable[[], None], n: int) -> float:

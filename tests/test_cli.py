@@ -204,7 +204,7 @@ def test_doctor_on_sqlite(tmp_path: Path) -> None:
 
 
 def test_doctor_knows_network_filesystems() -> None:
-    from tenure.stores.sqlite import _filesystem
+    from tenure.stores.sqlite.doctor import filesystem as _filesystem
 
     mounts = (
         "/dev/sda1 / ext4 rw 0 0\n"

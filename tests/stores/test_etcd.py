@@ -101,7 +101,7 @@ async def test_waiters_share_one_watch_and_each_release_wakes_its_own_name() -> 
         waiting = [asyncio.ensure_future(wait_for(name)) for name in names for _ in range(3)]
         store = waiters.store
         assert isinstance(store, EtcdStore)
-        conn = await store._conn()
+        conn = await store.transport.conn()
         await until(
             lambda: all(waiters.waiting(name) == 3 for name in names), "every waiter in line"
         )
@@ -150,13 +150,13 @@ async def test_a_call_on_a_connection_another_caller_closed_is_not_a_cancel(
             on_it = asyncio.ensure_future(store.holders())  # half its timeout to go
             with pytest.raises(StoreUnavailable):
                 await timing_out  # the connection is broken
-            first = await store._conn()  # the next call's: the old channel closes
+            first = await store.transport.conn()  # the next call's: the old channel closes
             await asyncio.sleep(0.05)
             assert not on_it.done() or not on_it.cancelled()
         finally:
             cluster.resume()
         assert await asyncio.wait_for(on_it, 10) == [], "answered on the new connection"
-        assert first is await store._conn()
+        assert first is await store.transport.conn()
     finally:
         await store.aclose()
 

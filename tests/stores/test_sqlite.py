@@ -227,7 +227,7 @@ async def test_waiting_flag_follows_the_waiters(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "flag.db")
 
     def flag(name: str) -> int:
-        return int(store._run("SELECT waiting FROM tenure_leases WHERE name = ?", (name,))[0][0])
+        return int(store.db.run("SELECT waiting FROM tenure_leases WHERE name = ?", (name,))[0][0])
 
     assert await store.acquire("f", "1" * 32, 5, "h") is not None
     waiting = asyncio.ensure_future(store.wait_released("f", 5))
@@ -237,10 +237,10 @@ async def test_waiting_flag_follows_the_waiters(tmp_path: Path) -> None:
     await asyncio.wait_for(waiting, 2)  # woken by the release, long before its 5 s
     assert flag("f") == 0
     # A waiter registered for a name whose row was pruned is seen by the next insert.
-    store._run(store._sql_wait, ("tenure-test-addr", "g", 2**62))
+    store.db.run(store.sql.wait, ("tenure-test-addr", "g", 2**62))
     assert await store.acquire("g", "2" * 32, 5, "h") is not None
     assert flag("g") == 1
-    store._run(store._sql_unwait, ("tenure-test-addr",))
+    store.db.run(store.sql.unwait, ("tenure-test-addr",))
     assert flag("g") == 0
     await store.aclose()
 
@@ -265,15 +265,15 @@ async def test_checkpoints_run_on_a_thread_of_their_own(
 ) -> None:
     """The store's thread copies the WAL into the database; the callers' commits never do
     until the WAL passes the backstop, which bounds it under sustained writes."""
-    from tenure.stores import sqlite as module
+    from tenure.stores.sqlite import schema
 
-    monkeypatch.setattr(module, "_INLINE_CHECKPOINT_PAGES", 800)
+    monkeypatch.setattr(schema, "INLINE_CHECKPOINT_PAGES", 800)
     path = tmp_path / "wal.db"
     store = SQLiteStore(path)
-    conn = store._conn()
+    conn = store.db.conn()
     assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 800
     await _cycles(store, 300)  # 600 commits: under the backstop
-    checkpointer = store._checkpointer
+    checkpointer = store.db.checkpointer
     for _ in range(100):  # asked at every 200th write; it runs when its thread gets a turn
         if checkpointer.done:
             break
@@ -293,11 +293,13 @@ async def test_checkpoints_run_on_a_thread_of_their_own(
 async def test_callers_checkpoint_when_the_thread_cannot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tenure.stores import sqlite as module
+    from tenure.stores.sqlite import checkpoint as module
 
     requests: list[int] = []
-    monkeypatch.setattr(module._Checkpointer, "request", lambda self: requests.append(1))
-    monkeypatch.setattr(module, "_INLINE_CHECKPOINT_PAGES", 100)
+    monkeypatch.setattr(module.Checkpointer, "request", lambda self: requests.append(1))
+    from tenure.stores.sqlite import schema
+
+    monkeypatch.setattr(schema, "INLINE_CHECKPOINT_PAGES", 100)
     path = tmp_path / "backstop.db"
     store = SQLiteStore(path)
     await _cycles(store, 1000)
@@ -311,12 +313,12 @@ async def test_checkpoint_thread_of_a_dropped_store_ends(
 ) -> None:
     import gc
 
-    from tenure.stores import sqlite as module
+    from tenure.stores.sqlite import checkpoint as module
 
-    monkeypatch.setattr(module._Checkpointer, "_IDLE_EXIT", 0.05)
+    monkeypatch.setattr(module.Checkpointer, "_IDLE_EXIT", 0.05)
     store = SQLiteStore(tmp_path / "dropped.db")
-    await _cycles(store, module._CHECKPOINT_EVERY)
-    thread = store._checkpointer._thread
+    await _cycles(store, module.CHECKPOINT_EVERY)
+    thread = store.db.checkpointer._thread
     assert thread is not None and thread.is_alive()
     del store
     gc.collect()

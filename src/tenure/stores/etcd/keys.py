@@ -1,0 +1,94 @@
+"""What the etcd store writes: its keys, and the transaction pieces built on them.
+
+Keys (``P`` is the prefix, ``N`` the lock name)::
+
+    P/lock/N     the holder's display id (JSON); its create revision is the fencing token
+    P/token/N    sha256 of the grant's secret token: what release and renewal compare
+    P/claim/T    the last claimed occurrence of task T (fixed-width µs, so bytes order = time order)
+    P/run/T\\0S/R one run record of task T, started at S (fixed-width µs), run id R
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from aetcd import rpc
+
+__all__ = (
+    "MAX_TXN_OPS",
+    "Keys",
+    "delete",
+    "digest",
+    "is_",
+    "micros",
+    "prefix_end",
+    "read",
+)
+
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The range end that covers every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"
+
+
+def micros(seconds: float) -> bytes:
+    return b"%020d" % round(seconds * 1e6)
+
+
+def delete(key: bytes) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+
+def read(key: bytes) -> Any:
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
+
+
+def is_(key: bytes, target: str, **compared: Any) -> Any:
+    """A transaction's condition: ``target`` (CREATE, VALUE, LEASE, MOD) of ``key`` equals."""
+    return rpc.Compare(
+        key=key,
+        target=getattr(rpc.Compare, target),
+        result=rpc.Compare.EQUAL,
+        **compared,
+    )
+
+
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).hexdigest().encode()
+
+
+class Keys:
+    """The key layout of one store (its ``prefix``)."""
+
+    __slots__ = ("claims", "locks", "runs", "tokens")
+
+    def __init__(self, prefix: str) -> None:
+        p = prefix.encode()
+        self.locks = p + b"/lock/"
+        self.tokens = p + b"/token/"
+        self.claims = p + b"/claim/"
+        self.runs = p + b"/run/"
+
+    def lock(self, name: str) -> bytes:
+        return self.locks + name.encode()
+
+    def token(self, name: str) -> bytes:
+        return self.tokens + name.encode()
+
+    def claim(self, task: str) -> bytes:
+        return self.claims + task.encode()
+
+    def task_runs(self, task: str) -> bytes:
+        return self.runs + task.encode() + b"\0"
+
+    def run(self, task: str, started: float, run_id: str) -> bytes:
+        return self.task_runs(task) + micros(started) + b"/" + run_id.encode()
