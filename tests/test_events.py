@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tenure import Event, InvalidArgument, LockService, Scheduler, log_events
+from tenure.lease import LOST_BY_DEADLINE
 from tenure.prometheus import PrometheusMetrics
-from tenure.renewer import LOST_BY_DEADLINE
 
 from .conftest import STORES
 

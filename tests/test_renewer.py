@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tenure import LockService
-from tenure.renewer import MAX_ARRIVALS, LeaseState, Renewer
+from tenure.lease import LeaseState
+from tenure.renewer import MAX_ARRIVALS, Renewer
 from tenure.stores.memory import MemoryStore
 
 

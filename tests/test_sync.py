@@ -20,7 +20,7 @@ import pytest
 
 import tenure
 from tenure import ConfigurationError, sync
-from tenure.renewer import LOST_BY_FORK, LOST_BY_STORE
+from tenure.lease import LOST_BY_FORK, LOST_BY_STORE
 from tenure.sync import LockLost, LockService, Outcome, current_lock
 
 from .helpers.procs import HELPERS, ROOT

@@ -4,7 +4,14 @@ The public names live here; everything else is an implementation detail.
 """
 
 from ._threads import PoolFull
-from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
+from .errors import (
+    ConfigurationError,
+    InvalidArgument,
+    LockLost,
+    StoreUnavailable,
+    TenureError,
+    WaitQueueFull,
+)
 from .events import Event, log_events
 from .locks import Lock, LockService, Outcome, current_lock
 from .schedule import (
@@ -15,7 +22,6 @@ from .schedule import (
     Scheduler,
     current_run,
 )
-from .stores._waiters import WaitQueueFull
 from .stores.runlog import RunRecord
 
 __all__ = (

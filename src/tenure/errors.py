@@ -22,6 +22,7 @@ __all__ = (
     "LockLost",
     "StoreUnavailable",
     "TenureError",
+    "WaitQueueFull",
 )
 
 
@@ -56,3 +57,7 @@ class LockLost(TenureError):
         super().__init__(f"lock {name!r} was lost while held: {reason}")
         self.name = name
         self.reason = reason
+
+
+class WaitQueueFull(TenureError):
+    """As many callers as the bound allows already wait for this name here."""

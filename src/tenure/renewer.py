@@ -11,15 +11,11 @@ a third of that lease's renewal interval: leases acquired at different moments
 fall into a few cohorts, so 10,000 locks cost a handful of round trips per
 interval rather than 10,000.
 
-Local deadline
---------------
-A lease's deadline is the monotonic time at which the acquire or renewal that
-last succeeded was *sent*, plus its TTL, minus a safety margin
-(:func:`safety_margin`). The store set the lease's expiry no earlier than that
-send, so while the local deadline has not passed the store still has the
-lease, whatever became of the network since. ``held`` compares against the
-deadline each time it is read, and the first reader past it marks the lease
-lost; nothing depends on this thread being scheduled in time.
+A lease's local deadline (``tenure.lease``) moves on with each renewal this
+confirms. A renewal the store refuses, or none confirmed before the deadline,
+marks the lease lost, and the service reports it; ``Lock.held`` compares
+against the deadline at each read, so nothing depends on this thread being
+scheduled in time.
 """
 
 from __future__ import annotations
@@ -35,10 +31,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ._aio import settle
+from .lease import LOST_BY_STORE, LeaseState, renew_interval
 from .stores.base import RenewItem, Store
 
-__all__ = ("LeaseState", "Renewer", "handover_lease", "safety_margin")
+__all__ = ("Renewer",)
 
 log = logging.getLogger("tenure.renewer")
 
@@ -50,192 +46,10 @@ MAX_BATCH = 2500
 """Leases per store call: large enough that 10,000 locks take four calls, small
 enough that one call's request and reply stay well under a megabyte."""
 
-LOST_BY_DEADLINE = "no renewal was confirmed before the lock's local deadline"
-LOST_BY_STORE = "the store no longer has this lock's token (it expired or was taken over)"
-LOST_BY_FORK = (
-    "this process was forked from the one that acquired the lock; that process still holds it"
-)
-
-
-def safety_margin(ttl: float) -> float:
-    """How much earlier than the store's expiry a holder stops trusting its lease.
-
-    A tenth of the TTL, at most two seconds: room for the store's clock to run
-    a little faster than ours and for a reply that arrives late.
-    """
-    return min(ttl * 0.1, 2.0)
-
-
-HANDOVER_GRACE = 1.0
-"""Seconds a lease handed over by a release is trusted locally (past the safety
-margin) before its new holder's first renewal must have been confirmed."""
-
-
-def handover_lease(ttl: float) -> float:
-    """How long a lease that a release hands to a queued waiter lasts unrenewed.
-
-    The new holder's renewer extends it to the TTL at once (its renewal is due
-    on arrival). Short, so that a waiter that died while queued keeps the name
-    from others for a second or two rather than a whole TTL; longer than the
-    safety margin by ``HANDOVER_GRACE``, so the new holder can trust it.
-    """
-    return min(ttl, safety_margin(ttl) + HANDOVER_GRACE)
-
-
-def renew_interval(ttl: float) -> float:
-    return ttl / 3
-
 
 def retry_delay(ttl: float) -> float:
     """Pause before retrying a renewal that failed to reach the store."""
     return max(0.05, min(ttl / 12, 1.0))
-
-
-_Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
-
-
-class LeaseState:
-    """What the holder and the renewer share about one grant.
-
-    A plain slotted class, held by each ``Lock``: one is made per acquire, on
-    the hot path. ``loss`` is why the lease was lost, or None. ``on_lost`` is
-    called once, outside the guard, when it is lost (the service's event).
-    """
-
-    __slots__ = (
-        "deadline",
-        "fence",
-        "guard",
-        "loss",
-        "name",
-        "on_lost",
-        "released",
-        "renew_at",
-        "token",
-        "ttl",
-        "waiters",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        token: str,
-        ttl: float,
-        sent: float,
-        guard: threading.Lock,
-        *,
-        fence: int = 0,
-        on_lost: Callable[[LeaseState, str], None] | None = None,
-    ) -> None:
-        self.name = name
-        self.token = token
-        self.ttl = ttl
-        self.fence = fence
-        self.on_lost = on_lost
-        self.deadline = sent + ttl - safety_margin(ttl)
-        self.renew_at = sent + ttl / 3  # renew_interval(ttl), inlined: one grant, one call less
-        # Shared by every lease of a service (see Renewer.lease_guard): held
-        # only for a few attribute updates, and one allocation less per grant.
-        self.guard = guard
-        self.released = False
-        self.loss: str | None = None
-        self.waiters: list[_Waiter] | None = None  # made by the first loss waiter
-
-    def alive(self) -> bool:
-        """Held right now. Marks the lease lost when its deadline has passed."""
-        if self.released or self.loss is not None:
-            return False
-        if time.monotonic() < self.deadline:
-            return True
-        self.lose(LOST_BY_DEADLINE)
-        return False
-
-    def lose(self, reason: str) -> None:
-        with self.guard:
-            newly = self._lose_locked(reason)
-        if newly:
-            self._lost(reason)
-
-    def _lost(self, reason: str) -> None:
-        # Outside the guard, which every lease of the service shares: a log
-        # handler or an event hook may itself read some lock's state.
-        log.warning("lock %r lost: %s", self.name, reason)
-        if self.on_lost is not None:
-            self.on_lost(self, reason)
-
-    def _lose_locked(self, reason: str) -> bool:
-        if self.released or self.loss is not None:
-            return False
-        self.loss = reason
-        if self.waiters:
-            self._wake_locked()
-        return True
-
-    def mark_released(self) -> bool:
-        """Stop renewing. Returns whether the lease was still held locally."""
-        with self.guard:
-            if self.released:
-                return False
-            was_held = self.loss is None and time.monotonic() < self.deadline
-            if not was_held and self.loss is None:
-                self.loss = LOST_BY_DEADLINE
-            self.released = True
-            if self.waiters:
-                self._wake_locked()
-            return was_held
-
-    def abandon_in_fork(self) -> None:
-        """In a forked child: no longer held here, never released from here.
-
-        Takes no guard: a thread of the parent may have held it at the fork,
-        and that thread does not exist in the child.
-        """
-        self.guard = threading.Lock()
-        self.waiters = None
-        if not self.released and self.loss is None:
-            self.loss = LOST_BY_FORK
-        self.released = True  # so release() sends nothing: the parent's grant stays the parent's
-
-    def extend(self, sent: float) -> None:
-        """Record a renewal that was sent at ``sent`` and confirmed."""
-        with self.guard:
-            if self.released or self.loss is not None:
-                return
-            # Confirmed too late: someone may already have seen it lost, and
-            # a lost lock never comes back.
-            late = time.monotonic() >= self.deadline
-            if late:
-                late = self._lose_locked(LOST_BY_DEADLINE)
-            else:
-                self.deadline = sent + self.ttl - safety_margin(self.ttl)
-                self.renew_at = sent + renew_interval(self.ttl)
-        if late:
-            self._lost(LOST_BY_DEADLINE)
-
-    def add_waiter(self, waiter: _Waiter) -> float | None:
-        """Register a loss waiter; returns seconds to the deadline, None if not held."""
-        if not self.alive():
-            return None
-        with self.guard:
-            if self.released or self.loss is not None:
-                return None
-            if self.waiters is None:
-                self.waiters = []
-            self.waiters.append(waiter)
-            return self.deadline - time.monotonic()
-
-    def remove_waiter(self, waiter: _Waiter) -> None:
-        with self.guard:
-            if self.waiters is not None and waiter in self.waiters:
-                self.waiters.remove(waiter)
-
-    def _wake_locked(self) -> None:
-        waiters, self.waiters = self.waiters or [], None
-        for loop, future in waiters:
-            try:
-                loop.call_soon_threadsafe(settle, future)
-            except RuntimeError:  # the waiter's loop is closed
-                pass
 
 
 def _dead(state: LeaseState) -> bool:
@@ -275,11 +89,6 @@ class Renewer:
         self._startup_error: BaseException | None = None
         self.round_trips = 0
         """Store calls made so far (for benchmarks and diagnostics)."""
-        self.on_round_trip: Callable[[int], None] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None
 
     def start(self) -> None:
         if self._thread is not None:

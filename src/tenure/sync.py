@@ -44,19 +44,25 @@ import contextvars
 import functools
 import logging
 import os
-import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from . import _validate
 from . import locks as _core
 from ._aio import is_async
-from .errors import ConfigurationError, InvalidArgument, LockLost, StoreUnavailable, TenureError
+from ._portal import Portal
+from .errors import (
+    ConfigurationError,
+    InvalidArgument,
+    LockLost,
+    StoreUnavailable,
+    TenureError,
+    WaitQueueFull,
+)
 from .events import Hook
-from .locks import Outcome
-from .stores._waiters import WAITERS, WaitQueueFull
+from .locks import WAITERS, Outcome
 from .stores.base import Store
 
 __all__ = (
@@ -74,7 +80,6 @@ __all__ = (
 
 log = logging.getLogger("tenure")
 
-T = TypeVar("T")
 
 _current: contextvars.ContextVar[Lock | None] = contextvars.ContextVar(
     "tenure_sync_current_lock", default=None
@@ -87,55 +92,6 @@ def current_lock() -> Lock:
     if lock is None:
         raise TenureError("current_lock() was called outside run_exclusively")
     return lock
-
-
-class _Portal:
-    """An event loop on a thread of its own, started at first use."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self._running())
-        try:
-            return future.result()
-        except BaseException:
-            # Interrupted while waiting (KeyboardInterrupt): the core's own
-            # cancellation handling cleans up (an acquire that raced is released).
-            future.cancel()
-            raise
-
-    def _running(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is not None:
-            return loop
-        with self._guard:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                ready = threading.Event()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=serve, name="tenure-sync", daemon=True)
-                self._thread.start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
-
-    def stop(self) -> None:
-        with self._guard:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
 
 
 class Lock:
@@ -242,7 +198,7 @@ class LockService:
     def _serve(self, core: _core.LockService) -> None:
         self._core = core
         self._direct = core.direct()
-        self._portal = _Portal()
+        self._portal = Portal()
         _live.add(self)
 
     @classmethod
@@ -388,7 +344,7 @@ _live: weakref.WeakSet[LockService] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     # The loop thread is the parent's; the child starts its own when needed.
     for service in list(_live):
-        service._portal = _Portal()
+        service._portal = Portal()
 
 
 if hasattr(os, "register_at_fork"):

@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from tenure import Lock, LockService
-from tenure.renewer import handover_lease, safety_margin
+from tenure.lease import handover_lease, safety_margin
 from tenure.stores import from_url
 from tenure.stores.base import BlockingLeases
 

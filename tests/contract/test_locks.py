@@ -19,7 +19,7 @@ import pytest
 import tenure
 import tenure.sync
 from tenure import LockLost, LockService, Outcome, StoreUnavailable, current_lock
-from tenure.renewer import LOST_BY_DEADLINE, LOST_BY_STORE
+from tenure.lease import LOST_BY_DEADLINE, LOST_BY_STORE
 from tenure.stores.base import AcquireItem
 
 from ..conftest import StoreKind

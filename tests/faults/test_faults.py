@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tenure.renewer import safety_margin
+from tenure.lease import safety_margin
 from tenure.stores import from_url
 
 from ..conftest import STORES, StoreKind, etcd_cluster, postgres_server, redis_server

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from tenure import ConfigurationError, LockService, StoreUnavailable, sync
-from tenure.renewer import LOST_BY_STORE
+from tenure.lease import LOST_BY_STORE
 from tenure.stores.redis import RedisStore, version_numbers
 from tenure.stores.redis.blocking import BlockingCalls
 from tenure.stores.redis.scripts import packed_here

@@ -230,9 +230,8 @@ class Scheduler:
                     "ahead of" if skew > 0 else "behind",
                     "early" if skew > 0 else "late",
                 )
-                hooks = self.locks._hooks
-                if hooks.hooks:
-                    hooks.emit(Event("skew", "", self.locks.holder, seconds=skew))
+                if self.locks.observed:
+                    self.locks.emit(Event("skew", "", self.locks.holder, seconds=skew))
         elif said is not None:
             self._skew_said = None
             log.info(

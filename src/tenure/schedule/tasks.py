@@ -692,9 +692,10 @@ class ScheduledTaskStore:
     def _tell(
         self, name: str, occurrence: float | None, outcome: RunOutcome, seconds: float | None
     ) -> None:
-        hooks = self.locks._hooks
-        if hooks.hooks:
-            hooks.emit(Event("task", name, self.locks.holder, seconds=seconds, detail=str(outcome)))
+        if self.locks.observed:
+            self.locks.emit(
+                Event("task", name, self.locks.holder, seconds=seconds, detail=str(outcome))
+            )
         if self.listener is not None:
             try:
                 self.listener(name, occurrence, outcome)

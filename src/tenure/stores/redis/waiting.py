@@ -11,7 +11,7 @@
   script hands the lease straight to it and pushes a note onto ``...:handed``,
   on which the waiter blocks in ``BLPOP``: it holds the lock as soon as it
   reads the note, with no round trip of its own. The handed-over lease is
-  short (``renewer.handover_lease``: the new holder's renewer extends it at
+  short (``tenure.lease.handover_lease``: the new holder's renewer extends it at
   once), so a queued waiter that died costs the name a second or two, not a
   whole TTL.
 """
