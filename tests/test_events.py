@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tenure import Event, InvalidArgument, LockService, Scheduler, log_events
+from tenure import Event, EventKind, InvalidArgument, LockService, Scheduler, log_events
 from tenure.lease import LOST_BY_DEADLINE
 from tenure.prometheus import PrometheusMetrics
 
@@ -38,6 +38,8 @@ async def test_each_acquire_release_and_contention_is_an_event(tmp_path: Path) -
         assert again is not None
         await again.release()
     assert [e.kind for e in seen] == ["acquired", "contended", "released"]
+    assert [e.kind for e in seen] == [EventKind.ACQUIRED, EventKind.CONTENDED, EventKind.RELEASED]
+    assert all(type(e.kind) is EventKind for e in seen), "a closed vocabulary, not loose strings"
     acquired, contended, released = seen
     assert acquired.name == "e" and acquired.holder == locks.holder
     assert acquired.fencing_token == lock.fencing_token

@@ -12,7 +12,7 @@ from .errors import (
     TenureError,
     WaitQueueFull,
 )
-from .events import Event, log_events
+from .events import Event, EventKind, log_events
 from .locks import Lock, LockService, Outcome, current_lock
 from .schedule import (
     CurrentRun,
@@ -28,6 +28,7 @@ __all__ = (
     "ConfigurationError",
     "CurrentRun",
     "Event",
+    "EventKind",
     "InvalidArgument",
     "Lock",
     "LockLost",

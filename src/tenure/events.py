@@ -11,7 +11,7 @@ attribute test.
 Events carry the lock's or task's name, the holder id (``host:pid:id``) and the
 fencing token, never the secret token.
 
-Kinds (``Event.kind``):
+Kinds (``Event.kind``, an ``EventKind``):
 
 ``acquired``        a grant; ``seconds``: how long the acquire took, waits included
 ``contended``       acquire returned None (held elsewhere); ``seconds`` as above
@@ -29,18 +29,33 @@ Kinds (``Event.kind``):
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ("Event", "Hook", "log_events")
+__all__ = ("Event", "EventKind", "Hook", "log_events")
 
 log = logging.getLogger("tenure.events")
 
 
+class EventKind(enum.StrEnum):
+    """What an event is about (the table above); a ``str``, so
+    ``event.kind == "acquired"`` holds too."""
+
+    ACQUIRED = "acquired"
+    CONTENDED = "contended"
+    UNAVAILABLE = "unavailable"
+    RELEASED = "released"
+    LOST = "lost"
+    RENEWAL_FAILED = "renewal_failed"
+    TASK = "task"
+    SKEW = "skew"
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
-    kind: str
+    kind: EventKind
     name: str
     holder: str
     fencing_token: int | None = None
@@ -81,10 +96,13 @@ class Hooks:
 
 
 _LEVELS = {
-    "lost": logging.WARNING,
-    "renewal_failed": logging.WARNING,
-    "unavailable": logging.WARNING,
-    "skew": logging.WARNING,
+    EventKind.LOST: logging.WARNING,
+    EventKind.RENEWAL_FAILED: logging.WARNING,
+    EventKind.UNAVAILABLE: logging.WARNING,
+    EventKind.SKEW: logging.WARNING,
+    EventKind.ACQUIRED: logging.DEBUG,
+    EventKind.RELEASED: logging.DEBUG,
+    EventKind.CONTENDED: logging.DEBUG,
 }
 
 
@@ -100,13 +118,7 @@ def log_events(logger: logging.Logger | None = None) -> Hook:
     target = logger if logger is not None else log
 
     def hook(event: Event) -> None:
-        level = _LEVELS.get(event.kind)
-        if level is None:
-            level = (
-                logging.DEBUG
-                if event.kind in ("acquired", "released", "contended")
-                else logging.INFO
-            )
+        level = _LEVELS.get(event.kind, logging.INFO)
         if not target.isEnabledFor(level):
             return
         parts = [f"{event.kind} {event.name!r}" if event.name else event.kind]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from .events import Event
+from .events import Event, EventKind
 
 __all__ = ("PrometheusMetrics",)
 
@@ -112,22 +112,22 @@ class PrometheusMetrics:
     def __call__(self, event: Event) -> None:
         kind = event.kind
         lock = event.name if self.lock_labels else ""
-        if kind in ("acquired", "contended", "unavailable"):
-            result = "granted" if kind == "acquired" else kind
+        if kind in (EventKind.ACQUIRED, EventKind.CONTENDED, EventKind.UNAVAILABLE):
+            result = "granted" if kind == EventKind.ACQUIRED else str(kind)
             self.attempts.labels(lock, result).inc()
             if event.seconds is not None:
                 self.wait.labels(lock).observe(event.seconds)
-        elif kind == "released":
+        elif kind == EventKind.RELEASED:
             if event.seconds is not None:
                 self.hold.labels(lock).observe(event.seconds)
-        elif kind == "lost":
+        elif kind == EventKind.LOST:
             self.lost.labels(lock).inc()
-        elif kind == "renewal_failed":
+        elif kind == EventKind.RENEWAL_FAILED:
             self.renewal_failures.inc()
-        elif kind == "skew":
+        elif kind == EventKind.SKEW:
             if event.seconds is not None:
                 self.skew.set(event.seconds)
-        elif kind == "task":
+        elif kind == EventKind.TASK:
             self.task_runs.labels(event.name, event.detail or "").inc()
             if event.seconds is not None:
                 self.task_duration.labels(event.name).observe(event.seconds)

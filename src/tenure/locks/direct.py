@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .. import _validate
 from .._tokens import new_token
 from ..errors import InvalidArgument, StoreUnavailable, TenureError
-from ..events import Event
+from ..events import Event, EventKind
 from ..stores.base import BlockingLeases
 from .lock import Lock, release_failed
 
@@ -56,7 +56,9 @@ class Direct:
             grant = self._calls().acquire(name, token, ttl, service.holder)
         except StoreUnavailable as exc:
             if service._hooks.hooks:
-                service._hooks.emit(Event("unavailable", name, service.holder, detail=str(exc)))
+                service._hooks.emit(
+                    Event(EventKind.UNAVAILABLE, name, service.holder, detail=str(exc))
+                )
             raise
         lock = service._granted(name, token, ttl, sent, grant)
         if service._hooks.hooks:

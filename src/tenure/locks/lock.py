@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .._aio import shielded, woken_within
 from ..errors import LockLost, TenureError
-from ..events import Event
+from ..events import Event, EventKind
 from ..lease import LOST_BY_DEADLINE, LeaseState
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class Lock:
         if service._hooks.hooks:
             service._hooks.emit(
                 Event(
-                    "released",
+                    EventKind.RELEASED,
                     self.name,
                     service.holder,
                     self.fencing_token,

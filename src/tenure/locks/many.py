@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import _validate
 from ..errors import InvalidArgument, StoreUnavailable
-from ..events import Event
+from ..events import Event, EventKind
 from ..stores.base import AcquireItem, Grant, ReleaseItem
 from ..stores.runlog import Claim, RunRecord, StartItem
 from .lock import Lock
@@ -109,7 +109,9 @@ async def grant_each(
                     self._release_in_background(lock)
             if isinstance(exc, StoreUnavailable) and self._hooks.hooks:
                 for item in chunk:
-                    self._hooks.emit(Event("unavailable", item.name, self.holder, detail=str(exc)))
+                    self._hooks.emit(
+                        Event(EventKind.UNAVAILABLE, item.name, self.holder, detail=str(exc))
+                    )
             raise
         took = time.monotonic() - sent
         for item, grant in zip(chunk, grants, strict=True):

@@ -19,7 +19,7 @@ from .._aio import shielded
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from .._unanswered import Unanswered
 from ..errors import StoreUnavailable, TenureError
-from ..events import Event, Hook, Hooks
+from ..events import Event, EventKind, Hook, Hooks
 from ..lease import LeaseState
 from ..renewer import Renewer
 from ..stores import from_url as store_from_url
@@ -123,12 +123,14 @@ class LockService:
 
     def _lease_lost(self, lease: LeaseState, reason: str) -> None:
         if self._hooks.hooks:
-            self._hooks.emit(Event("lost", lease.name, self.holder, lease.fence, detail=reason))
+            self._hooks.emit(
+                Event(EventKind.LOST, lease.name, self.holder, lease.fence, detail=reason)
+            )
 
     def _renewal_failed(self, count: int, exc: Exception) -> None:
         if self._hooks.hooks:
             self._hooks.emit(
-                Event("renewal_failed", "", self.holder, count=count, detail=repr(exc))
+                Event(EventKind.RENEWAL_FAILED, "", self.holder, count=count, detail=repr(exc))
             )
 
     async def __aenter__(self) -> LockService:
@@ -256,16 +258,18 @@ class LockService:
         try:
             lock = await acquire_waiting(self, name, ttl, wait)
         except StoreUnavailable as exc:
-            self._hooks.emit(Event("unavailable", name, self.holder, detail=str(exc)))
+            self._hooks.emit(Event(EventKind.UNAVAILABLE, name, self.holder, detail=str(exc)))
             raise
         self._observed(name, lock, time.monotonic() - started)
         return lock
 
     def _observed(self, name: str, lock: Lock | None, took: float) -> None:
         if lock is None:
-            self._hooks.emit(Event("contended", name, self.holder, seconds=took))
+            self._hooks.emit(Event(EventKind.CONTENDED, name, self.holder, seconds=took))
         else:
-            self._hooks.emit(Event("acquired", name, self.holder, lock.fencing_token, seconds=took))
+            self._hooks.emit(
+                Event(EventKind.ACQUIRED, name, self.holder, lock.fencing_token, seconds=took)
+            )
 
     async def _try_acquire(self, name: str, ttl: float) -> Lock | None:
         token = await self._unanswered.token(name)

@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from ..errors import InvalidArgument, LockLost, TenureError
-from ..events import Event
+from ..events import Event, EventKind
 from ..locks import LockService
 from ..stores.runlog import PRESENCE_TTL
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
@@ -231,7 +231,7 @@ class Scheduler:
                     "early" if skew > 0 else "late",
                 )
                 if self.locks.observed:
-                    self.locks.emit(Event("skew", "", self.locks.holder, seconds=skew))
+                    self.locks.emit(Event(EventKind.SKEW, "", self.locks.holder, seconds=skew))
         elif said is not None:
             self._skew_said = None
             log.info(

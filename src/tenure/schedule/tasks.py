@@ -45,7 +45,7 @@ from .._aio import is_async
 from .._threads import PoolFull, WorkerPool
 from .._validate import check_name, check_ttl
 from ..errors import InvalidArgument, LockLost, StoreUnavailable, TenureError
-from ..events import Event
+from ..events import Event, EventKind
 from ..locks import Lock, LockService, Outcome
 from ..stores.runlog import PRESENCE_TTL, Claim, RunOutcome, RunRecord, abandoned, live_instances
 from ._batch import Coalesced
@@ -694,7 +694,7 @@ class ScheduledTaskStore:
     ) -> None:
         if self.locks.observed:
             self.locks.emit(
-                Event("task", name, self.locks.holder, seconds=seconds, detail=str(outcome))
+                Event(EventKind.TASK, name, self.locks.holder, seconds=seconds, detail=str(outcome))
             )
         if self.listener is not None:
             try:
