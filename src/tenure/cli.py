@@ -29,8 +29,10 @@ from .errors import ConfigurationError, StoreUnavailable, TenureError
 from .locks import LockService
 from .schedule import Scheduler
 from .schedule.scheduler import SKEW_WARNING
+from .schedule.view import defined_tasks, run_fields
 from .stores import from_url as store_from_url
-from .stores import mask_url
+from .stores import mask_url, store_class
+from .stores.base import PrintsSchema
 from .stores.runlog import RunOutcome, RunRecord
 
 __all__ = ("main",)
@@ -209,23 +211,6 @@ async def _serve(target: str, url: str | None) -> None:
 # -- tasks --------------------------------------------------------------------
 
 
-def _definitions(scheduler: Scheduler | None, task: str | None) -> list[dict[str, Any]]:
-    if scheduler is None:
-        return []
-    now = time.time()
-    return [
-        {
-            "task": t.name,
-            "expression": t.schedule.expr,
-            "tz": str(t.schedule.tz),
-            "next_fire": t.schedule.next_after(now),
-            "exclusive": t.exclusive,
-        }
-        for t in scheduler.tasks
-        if task is None or t.name == task
-    ]
-
-
 async def _tasks(
     url: str | None, task: str | None, limit: int, as_json: bool, app: str | None
 ) -> None:
@@ -236,9 +221,9 @@ async def _tasks(
         locks = LockService.from_url(_url(url))
     async with locks:
         records = await locks.store.runlog.runs(task, limit)
-    defined = _definitions(scheduler, task)
+    defined = defined_tasks(scheduler, task)
     if as_json:
-        runs = [_record(r) for r in records]
+        runs = [run_fields(r) for r in records]
         print(json.dumps({"tasks": defined, "runs": runs} if app else runs, indent=2))
         return
     if defined:
@@ -265,12 +250,6 @@ async def _tasks(
         if r.error:
             line += f": {r.error}"
         print(line if len(line) <= 80 else line[:79] + "…")
-
-
-def _record(r: RunRecord) -> dict[str, Any]:
-    fields = dataclasses.asdict(r)
-    del fields["run_id"]  # an internal key of the record, not for scripts
-    return fields
 
 
 # -- locks --------------------------------------------------------------------
@@ -448,17 +427,17 @@ async def _web(url: str | None, host: str, port: int, app: str | None) -> None:
 
 
 def _schema(url: str) -> None:
-    # Refused before any store is opened: opening a SQLite URL would create its file.
-    scheme = url.partition(":")[0].lower() if isinstance(url, str) else ""
-    if scheme not in ("postgresql", "postgres"):
+    # The class is looked at before any store is opened: opening a SQLite URL
+    # would create its file.
+    kind = store_class(url)
+    if not issubclass(kind, PrintsSchema):
         raise ConfigurationError(
-            f"tenure schema prints SQL for PostgreSQL URLs only, not a {scheme or 'bad'} URL: "
-            "the other stores create what they need themselves"
+            f"tenure schema prints SQL for PostgreSQL URLs only (the stores with tables to "
+            f"create ahead of time), not a {kind.__name__} URL: the other stores create what "
+            "they need themselves"
         )
-    store = store_from_url(url)  # checks the URL; connects to nothing
-    from .stores.postgres import PostgresStore
-
-    assert isinstance(store, PostgresStore)
+    store = kind.from_url(url)  # checks the URL; connects to nothing
+    assert isinstance(store, PrintsSchema)
     print(store.schema_sql(), end="")
 
 

@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from .schedule import Scheduler
+from .schedule.view import defined_tasks, run_fields
 from .stores.base import Store
 
 __all__ = ("make_app",)
@@ -36,25 +37,19 @@ async def state(store: Store, scheduler: Scheduler | None) -> dict[str, Any]:
     records = await store.runlog.runs(None, RUNS_SHOWN)
     by_task: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for r in records:
-        run = dataclasses.asdict(r)
-        del run["run_id"]
-        by_task[r.task].append(run)
-    defined: dict[str, dict[str, Any]] = {}
-    if scheduler is not None:
-        now = time.time()
-        for t in scheduler.tasks:
-            defined[t.name] = {
-                "expression": t.schedule.expr,
-                "next_fire": t.schedule.next_after(now),
-            }
+        by_task[r.task].append(run_fields(r))
+    defined = {d["task"]: d for d in defined_tasks(scheduler)}
     tasks = []
     for name in sorted(set(by_task) | set(defined)):
         runs = by_task.get(name, [])
         counts = collections.Counter(run["outcome"] for run in runs)
         tasks.append(
             {
+                **defined.get(
+                    name,
+                    {"expression": None, "tz": None, "next_fire": None, "exclusive": None},
+                ),
                 "task": name,
-                **defined.get(name, {"expression": None, "next_fire": None}),
                 "recent": runs[:5],
                 "skipped": counts["skipped"],
                 "failed": counts["failed"],

@@ -15,7 +15,16 @@ from ..errors import ConfigurationError
 from ._options import mask as mask_url
 from .base import Grant, LeaseInfo, RenewItem, Store
 
-__all__ = ("Grant", "LeaseInfo", "RenewItem", "Store", "from_url", "known_schemes", "mask_url")
+__all__ = (
+    "Grant",
+    "LeaseInfo",
+    "RenewItem",
+    "Store",
+    "from_url",
+    "known_schemes",
+    "mask_url",
+    "store_class",
+)
 
 # scheme -> (module, class, the extra that installs its driver or None)
 _REGISTRY: dict[str, tuple[str, str, str | None]] = {
@@ -36,6 +45,13 @@ def known_schemes() -> tuple[str, ...]:
 
 def from_url(url: str) -> Store:
     """Open the store a URL names. Raises ConfigurationError for a bad URL."""
+    return store_class(url).from_url(url)
+
+
+def store_class(url: str) -> type[Store]:
+    """The class of the store a URL names, opening nothing (its driver is
+    imported). Raises ConfigurationError for an unknown scheme or a missing
+    driver."""
     if not isinstance(url, str):
         raise ConfigurationError(f"a store URL must be a str, got {type(url).__name__}")
     scheme = urlsplit(url).scheme.lower() if ":" in url else ""
@@ -53,5 +69,5 @@ def from_url(url: str) -> Store:
             f"the {scheme!r} store needs a driver that is not installed ({exc.name}); "
             f"install it with: pip install 'tenure[{extra}]'"
         ) from exc
-    store_class: type[Store] = getattr(module, class_name)
-    return store_class.from_url(url)
+    found: type[Store] = getattr(module, class_name)
+    return found

@@ -157,6 +157,15 @@ class BlockingLeases(ABC):
         """:meth:`Store.release`, on the calling thread."""
 
 
+class PrintsSchema(ABC):
+    """A store whose tables an operator may create ahead of time, from SQL it
+    prints (``tenure schema``), instead of letting the store create them."""
+
+    @abstractmethod
+    def schema_sql(self) -> str:
+        """The SQL that creates this store's tables, for its URL's options."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing ``tenure doctor`` found about a store's configuration."""

@@ -72,6 +72,7 @@ from ..base import (
     HandedOver,
     HandsOver,
     LeaseInfo,
+    PrintsSchema,
     ReleaseItem,
     RenewItem,
     Store,
@@ -96,7 +97,7 @@ _OPTIONS = {
 }
 
 
-class PostgresStore(Store, HandsOver):
+class PostgresStore(Store, HandsOver, PrintsSchema):
     """Leases in a PostgreSQL table. See the module docstring."""
 
     scheme: ClassVar[str] = "postgresql"
