@@ -11,8 +11,6 @@ MODULE_MOST = 400
 CLASS_MOST = 300
 
 NOT_YET_CUT = {
-    "tenure.__main__: no docstring naming its concern",
-    "tenure.cli: 546 lines",
     "tenure.schedule.tasks: 736 lines",
     "tenure.schedule.tasks.ScheduledTaskStore: 592 lines",
 }

@@ -1,3 +1,5 @@
+"""``python -m tenure``: the command line (``tenure.cli``)."""
+
 import sys
 
 from .cli import main

@@ -1,0 +1,119 @@
+"""The ``tenure`` command's parser and entry point: demo, run, locks, release,
+tasks, doctor, web and schema."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from ..errors import ConfigurationError, TenureError
+from .common import serve_app, url_of
+from .demo import demo, demo_instance
+from .doctor import doctor, schema
+from .listings import locks, tasks
+from .release import force_release
+from .web import web
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tenure", description="Distributed locks and cluster-safe cron."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "demo", help="several instances, one every-second task: each occurrence runs once"
+    )
+    p.add_argument("--instances", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--url", help="store URL (default: a temporary SQLite file)")
+    p.add_argument(
+        "--skew",
+        type=float,
+        default=0.4,
+        help="clock offset between neighbouring instances, in seconds",
+    )
+    p = sub.add_parser("run", help="serve a Scheduler: MODULE:ATTR")
+    p.add_argument("target")
+    p.add_argument("--url", help="store URL, when ATTR is a function taking a LockService")
+    p = sub.add_parser(
+        "locks", help="every held lock: holder, fencing token, acquired, expires in (no secrets)"
+    )
+    p.add_argument("--url")
+    p.add_argument(
+        "--prefix", default="", help="only locks whose names start with this (not the key prefix)"
+    )
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "release", help="free a lock whose holder is known to be gone (needs --force)"
+    )
+    p.add_argument("name")
+    p.add_argument("--url")
+    p.add_argument("--force", action="store_true", help="free it whoever holds it")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p = sub.add_parser(
+        "doctor", help="reachability, clock skew and settings that weaken the guarantees"
+    )
+    p.add_argument("--url")
+    p = sub.add_parser("web", help="a read-only page of tasks and holders that refreshes itself")
+    p.add_argument("--url")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    p.add_argument("--port", type=int, default=8477)
+    p.add_argument(
+        "--app", metavar="MODULE:ATTR", help="your Scheduler, for expressions and next fires"
+    )
+    p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
+    p.add_argument("--url")
+    p.add_argument("--task")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="your Scheduler (as for tenure run), to show each task's expression and next fire",
+    )
+    p = sub.add_parser(
+        "schema", help="print the SQL that creates tenure's PostgreSQL tables, to run by hand"
+    )
+    p.add_argument("--url")
+    p = sub.add_parser("_instance", help=argparse.SUPPRESS)
+    p.add_argument("--url", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--offset", type=float, default=0.0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return demo(args.instances, args.seconds, args.url, args.skew)
+        if args.command == "run":
+            asyncio.run(serve_app(args.target, args.url))
+        elif args.command == "locks":
+            asyncio.run(locks(url_of(args.url), args.prefix, args.json))
+        elif args.command == "release":
+            if not args.force:
+                raise ConfigurationError(
+                    f"tenure release frees {args.name!r} from whoever holds it; "
+                    "add --force if you know its holder is gone"
+                )
+            return asyncio.run(force_release(url_of(args.url), args.name, args.yes))
+        elif args.command == "web":
+            asyncio.run(web(args.url, args.host, args.port, args.app))
+        elif args.command == "doctor":
+            return asyncio.run(doctor(url_of(args.url)))
+        elif args.command == "tasks":
+            asyncio.run(tasks(args.url, args.task, args.limit, args.json, args.app))
+        elif args.command == "schema":
+            schema(url_of(args.url))
+        elif args.command == "_instance":
+            asyncio.run(demo_instance(args.url, args.index, args.seconds, args.offset))
+    except TenureError as exc:
+        print(f"tenure: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
