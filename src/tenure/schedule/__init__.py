@@ -1,8 +1,9 @@
 """Cluster-safe cron: the scheduler, its task registry and cron expressions."""
 
 from .cron import CronSchedule
+from .runs import CurrentRun, current_run
 from .scheduler import Scheduler
-from .tasks import CurrentRun, RunOutcome, ScheduledTask, ScheduledTaskStore, current_run
+from .tasks import RunOutcome, ScheduledTask, ScheduledTaskStore
 
 __all__ = (
     "CronSchedule",
