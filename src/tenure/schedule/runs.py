@@ -212,7 +212,7 @@ class Runs:
 
     async def exclusively(self, task: ScheduledTask, record: RunRecord) -> Outcome:
         """A manual run: its lock acquired now (batched with others of its
-        moment), then ``_under`` it."""
+        moment), then ``under`` it."""
         if not is_async(task.fn) and self.threads.full():
             raise Missed(f"thread pool full: {self.threads.describe()}")
         lock = await self.calls.acquire(task.name, task.ttl)
