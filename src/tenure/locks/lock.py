@@ -137,17 +137,22 @@ class Lock:
         Raises StoreUnavailable if the store cannot be reached; the lease then
         lapses by itself within its TTL.
         """
-        if self._lease.released:
+        lease = self._lease
+        if lease.released:
             return False
         was_held = self._leave()
-        return self._left(was_held, await self._service.store.release(self.name, self.token))
+        in_store = await self._service.store.release(lease.name, lease.token)
+        if self._service._hooks.hooks:
+            return self._left(was_held, in_store)
+        return was_held and in_store
 
     def _leave(self) -> bool:
         """The local half of a release: stop renewing; whether it was still held."""
-        was_held = self._lease.mark_released()
+        lease = self._lease
+        was_held = lease.mark_released()
         service = self._service
         service._held.discard(self)
-        service._renewer.discard(self._lease)
+        service._renewer.discard(lease)
         return was_held
 
     def _left(self, was_held: bool, in_store: bool) -> bool:

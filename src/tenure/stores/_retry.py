@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ("retried", "retried_now")
+__all__ = ("once_more", "retried", "retried_now")
 
 T = TypeVar("T")
 
@@ -31,10 +31,22 @@ async def retried(
     try:
         return await call()
     except Exception as exc:
-        if not broken(exc):
-            raise
-        log.debug("a store connection was broken, sending once more: %r", exc)
-        failed = exc
+        return await once_more(exc, call, broken, before_retry)
+
+
+async def once_more(
+    failed: Exception,
+    call: Callable[[], Awaitable[T]],
+    broken: Callable[[BaseException], bool],
+    before_retry: Callable[[Exception], Awaitable[None]] | None = None,
+) -> T:
+    """The second half of :func:`retried`, for a hot path that made its first
+    attempt inline (a coroutine level less on every call): raises ``failed``
+    unless ``broken`` says it is a broken connection; then ``before_retry``
+    and ``call()`` once more."""
+    if not broken(failed):
+        raise failed
+    log.debug("a store connection was broken, sending once more: %r", failed)
     if before_retry is not None:
         await before_retry(failed)
     return await call()

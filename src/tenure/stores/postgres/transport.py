@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar, cast
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -31,14 +32,13 @@ from ...errors import StoreUnavailable
 from .._errors import Translated
 from .._gate import Gate
 from .._options import mask
-from .._retry import retried
+from .._retry import once_more
 from . import schema
 from .deadline import InFlight, sever_overdue
 from .sql import Statements
 
 __all__ = ("IDLE", "Shared", "Transport", "connect_timeout")
 
-T = TypeVar("T")
 
 log = logging.getLogger("tenure.stores.postgres")
 
@@ -62,32 +62,16 @@ class Shared:
     schema_ready: bool = False
 
 
-class _Fetch(Generic[T]):
-    """One statement and its parameters, run on a checked-out cursor."""
-
-    __slots__ = ("params", "query")
-
-    def __init__(self, query: str, params: Any) -> None:
-        self.query = query
-        self.params = params
-
-    async def run(self, cur: psycopg.AsyncCursor[Any]) -> T:
-        await cur.execute(self.query, self.params)
-        # rownumber is None when the statement returned no rows to fetch.
-        rows: Any = await cur.fetchall() if cur.rownumber is not None else []
-        return cast(T, rows)
-
-
-class _FetchEach(_Fetch[list[list[Any]]]):
+async def _fetch_each(
+    cur: psycopg.AsyncCursor[Any], query: str, params: Sequence[Any]
+) -> list[list[Any]]:
     """One statement per parameter set, pipelined; the rows of each."""
-
-    async def run(self, cur: psycopg.AsyncCursor[Any]) -> list[list[Any]]:
-        await cur.executemany(self.query, self.params, returning=True)
-        results: list[list[Any]] = []
-        while True:
-            results.append(await cur.fetchall() if cur.rownumber is not None else [])
-            if not cur.nextset():
-                return results
+    await cur.executemany(query, params, returning=True)
+    results: list[list[Any]] = []
+    while True:
+        results.append(await cur.fetchall() if cur.rownumber is not None else [])
+        if not cur.nextset():
+            return results
 
 
 def connect_timeout(timeout: float) -> int:
@@ -297,13 +281,28 @@ class Transport:
             await self._checkin(checkout)
         self.shared.schema_ready = True
 
-    async def query(self, query: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
+    async def query(
+        self, query: str, params: Sequence[Any] | dict[str, Any], *, each: bool = False
+    ) -> list[Any]:
         """Run one statement; its rows ([] when it returns none). Retried once on a
         connection the server closed; never on a timeout. At most ``pool_max``
         run at once; the rest queue for a turn (``gate``), so the pool never
-        has to refuse one."""
+        has to refuse one. ``each``: see :meth:`query_each`.
+
+        The first attempt is made right here (every lock call takes this path,
+        and each coroutine level under it costs on every step of the statement);
+        a connection found closed goes to the retry policy's second half."""
         async with self.gate:
-            return await self._in_turn(_Fetch[list[Any]](query, params))
+            if not self.shared.schema_ready:
+                await self.ensure_schema()
+            try:
+                try:
+                    return await self._attempt(query, params, each)
+                except _Closed as exc:
+                    again = functools.partial(self._attempt, query, params, each)
+                    return await once_more(exc, again, _closed, self._drop_dead)
+            except _Closed as exc:
+                raise self.unavailable(exc.error) from exc.error
 
     async def query_each(
         self, query: str, params: Sequence[Sequence[Any] | dict[str, Any]]
@@ -315,24 +314,19 @@ class Transport:
         of it ran."""
         if not params:
             return []
-        async with self.gate:
-            return await self._in_turn(_FetchEach(query, params))
+        return await self.query(query, params, each=True)
 
-    async def _in_turn(self, fetch: _Fetch[T]) -> T:
-        if not self.shared.schema_ready:
-            await self.ensure_schema()
-        try:
-            return await retried(lambda: self._attempt(fetch), _closed, self._drop_dead)
-        except _Closed as exc:
-            raise self.unavailable(exc.error) from exc.error
-
-    async def _attempt(self, fetch: _Fetch[T]) -> T:
+    async def _attempt(self, query: str, params: Any, each: bool) -> list[Any]:
         checkout = await self._checkout()
         conn, cur = checkout.conn, checkout.cursor
         statement = self._deadline(conn)
         try:
             with statement:
-                return await fetch.run(cur)
+                if each:
+                    return await _fetch_each(cur, query, params)
+                await cur.execute(query, params)
+                # rownumber is None when the statement returned no rows to fetch.
+                return await cur.fetchall() if cur.rownumber is not None else []
         except psycopg.OperationalError as exc:
             if statement.fired:
                 raise self.unavailable(exc, f"did not answer within {self.timeout} s") from exc

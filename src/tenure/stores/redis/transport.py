@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
@@ -49,7 +50,7 @@ from ...errors import ConfigurationError
 from .._errors import Translated
 from .._gate import Gate
 from .._options import mask, number
-from .._retry import retried
+from .._retry import once_more
 from .scripts import SHAS, SOURCES, evalsha, packed
 
 __all__ = (
@@ -186,19 +187,39 @@ class Transport:
     async def script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        """One script call: on its lane when free, else through the pool."""
+        """One script call: on its lane when free, else through the pool.
+
+        EVALSHA, pre-encoded, on the lane. Its first attempt is made right
+        here, a coroutine level under the store's method (every uncontended
+        lock call takes this path); a failure goes to :meth:`_lane_failed`.
+        """
         async with self.gate:
             lane = self._node_lane(keys[0]) if self.cluster else self._lane
-            if lane is not None and not lane.busy:
-                return await self._on_lane(lane, name, keys, args)
-            return await self._via_pool(name, keys, args)
+            if lane is None or lane.busy:
+                return await self._via_pool(name, keys, args)
+            lane.busy = True
+            try:
+                with self.translated:
+                    try:
+                        return await self._lane_attempt(lane, name, keys, args)
+                    except Exception as exc:
+                        return await self._lane_failed(exc, lane, name, keys, args)
+            finally:
+                lane.busy = False
 
-    async def _loaded(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await call()
-        except NoScriptError:  # the server restarted or flushed its script cache
-            await self.client.script_load(SOURCES[name])
-            return await call()
+    async def _loaded(
+        self, name: str, call: Callable[[], Awaitable[T]], missing: NoScriptError | None = None
+    ) -> T:
+        """``await call()``; once more after loading the script if the server did
+        not know it (it restarted or flushed its script cache). ``missing``:
+        the first call was already made and raised it."""
+        if missing is None:
+            try:
+                return await call()
+            except NoScriptError:
+                pass
+        await self.client.script_load(SOURCES[name])
+        return await call()
 
     async def _via_pool(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -229,24 +250,31 @@ class Transport:
             lane = self._node_lanes[node.name] = _Lane(node)
         return lane
 
-    async def _on_lane(
-        self, lane: _Lane, name: str, keys: Sequence[str], args: Sequence[str | int | float]
+    async def _lane_failed(
+        self,
+        exc: Exception,
+        lane: _Lane,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[str | int | float],
     ) -> Any:
-        """EVALSHA, pre-encoded, on the lane. On a single server a broken
-        connection is retried once; on a cluster, a node that did not run it
-        (a redirect, a node that cannot serve) and a broken connection go to
-        the general path, which follows the cluster's new shape."""
-        lane.busy = True
-        try:
-            with self.translated:
-                if lane.node is None:
-                    return await retried(lambda: self._lane_attempt(lane, name, keys, args), broken)
-                try:
-                    return await self._lane_attempt(lane, name, keys, args)
-                except (*NOT_SERVED_HERE, RedisConnectionError):
-                    return await self._via_pool(name, keys, args)
-        finally:
-            lane.busy = False
+        """The lane's first attempt raised ``exc``. A script the server does not
+        know is loaded and sent again. Then, on a single server, a broken
+        connection is retried once (the stores' policy); on a cluster, a node
+        that did not run it (a redirect, a node that cannot serve) and a broken
+        connection go to the general path, which follows the cluster's new
+        shape. Anything else is raised."""
+        again = functools.partial(self._lane_attempt, lane, name, keys, args)
+        if isinstance(exc, NoScriptError):
+            try:
+                return await self._loaded(name, again, exc)
+            except Exception as second:
+                exc = second
+        if lane.node is None:
+            return await once_more(exc, functools.partial(self._loaded, name, again), broken)
+        if isinstance(exc, (*NOT_SERVED_HERE, RedisConnectionError)):
+            return await self._via_pool(name, keys, args)
+        raise exc
 
     async def _lane_attempt(
         self, lane: _Lane, name: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -260,12 +288,8 @@ class Transport:
                 conn = None
             if conn is None:
                 conn = await self._lane_connection(lane)
-
-            async def send() -> Any:
-                await conn.send_packed_command(evalsha(name, keys, args), check_health=False)
-                return await conn.read_response()
-
-            return await self._loaded(name, send)
+            await conn.send_packed_command(evalsha(name, keys, args), check_health=False)
+            return await conn.read_response()
         except (*NOT_SERVED_HERE, ResponseError):
             raise  # an answer: the connection itself is fine
         except BaseException:
