@@ -104,6 +104,11 @@ class Renewer:
             self._thread = None
             raise error
 
+    @property
+    def started(self) -> bool:
+        """Its thread was started (and not stopped since)."""
+        return self._thread is not None
+
     def stop(self) -> None:
         """Stop the thread and wait for it; leases still registered stop being renewed."""
         thread = self._thread

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ("once_more", "retried", "retried_now")
+__all__ = ("once_more", "once_more_now", "retried")
 
 T = TypeVar("T")
 
@@ -52,19 +52,16 @@ async def once_more(
     return await call()
 
 
-def retried_now(
+def once_more_now(
+    failed: Exception,
     call: Callable[[], T],
     broken: Callable[[BaseException], bool],
     before_retry: Callable[[Exception], None] | None = None,
 ) -> T:
-    """:func:`retried` for a plain call (the blocking paths)."""
-    try:
-        return call()
-    except Exception as exc:
-        if not broken(exc):
-            raise
-        log.debug("a store connection was broken, sending once more: %r", exc)
-        failed = exc
+    """:func:`once_more` for a plain call."""
+    if not broken(failed):
+        raise failed
+    log.debug("a store connection was broken, sending once more: %r", failed)
     if before_retry is not None:
         before_retry(failed)
     return call()

@@ -18,6 +18,7 @@ reads) stays on the store's coroutines; the renewer has its own ``sibling()``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import StoreUnavailable
-from .._retry import retried_now
+from .._retry import once_more_now
 from ..base import BlockingLeases, Grant
 from .deadline import InFlight, watch_statements
 from .transport import IDLE, Transport, connect_timeout
@@ -83,11 +84,12 @@ class BlockingCalls(BlockingLeases):
             self._ensure_schema()
         with self.transport.gate.blocking():
             try:
-                return retried_now(
-                    lambda: self._attempt(query, params),
-                    lambda exc: isinstance(exc, _Closed),
-                    lambda _: self._drop_idle(),
-                )
+                # The first attempt inline, the retry policy only after a failure.
+                try:
+                    return self._attempt(query, params)
+                except _Closed as exc:
+                    again = functools.partial(self._attempt, query, params)
+                    return once_more_now(exc, again, _closed, self._dropped)
             except _Closed as exc:
                 raise self.transport.unavailable(exc.error) from exc.error
 
@@ -140,6 +142,10 @@ class BlockingCalls(BlockingLeases):
         else:
             conn.close()
 
+    def _dropped(self, closed: Exception) -> None:
+        """A connection was found closed by the server: the idle ones died with it."""
+        self._drop_idle()
+
     def _drop_idle(self) -> None:
         while True:
             try:
@@ -189,3 +195,7 @@ def ensure_schema_on_a_thread(make_transport: Callable[[], Transport]) -> None:
     thread.join()
     if failed:
         raise failed[0]
+
+
+def _closed(exc: BaseException) -> bool:
+    return isinstance(exc, _Closed)

@@ -9,6 +9,7 @@ per node, with the same fallback to the general path), the same retry.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,7 +20,7 @@ from redis.retry import Retry as BlockingRetry
 
 from .._errors import Translated
 from .._gate import Gate
-from .._retry import retried_now
+from .._retry import once_more_now
 from ..base import BlockingLeases, Grant
 from .scripts import SHAS, SOURCES, Keys, evalsha
 from .transport import DRIVER_ERRORS, NOT_SERVED_HERE, broken, client
@@ -68,10 +69,13 @@ class BlockingCalls(BlockingLeases):
     def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
         with self.gate.blocking(), self.translated:
             if not self.cluster:
+                # The first attempt inline, the retry policy only after a failure.
                 pool = self.client.connection_pool
-                return retried_now(
-                    lambda: self._on_lane(pool, self._idle, name, keys, args), broken
-                )
+                try:
+                    return self._on_lane(pool, self._idle, name, keys, args)
+                except Exception as exc:
+                    again = functools.partial(self._on_lane, pool, self._idle, name, keys, args)
+                    return once_more_now(exc, again, broken)
             lane = self._node_lane(keys[0])
             if lane is not None:
                 try:
@@ -82,12 +86,17 @@ class BlockingCalls(BlockingLeases):
                 name, lambda: self.client.evalsha(SHAS[name], len(keys), *keys, *args)
             )
 
-    def _loaded(self, name: str, call: Callable[[], T]) -> T:
-        try:
-            return call()
-        except NoScriptError:  # the server restarted or flushed its script cache
-            self.client.script_load(SOURCES[name])
-            return call()
+    def _loaded(self, name: str, call: Callable[[], T], missing: NoScriptError | None = None) -> T:
+        """``call()``; once more after loading the script if the server did not
+        know it (it restarted or flushed its script cache). ``missing``: the
+        first call was already made and raised it."""
+        if missing is None:
+            try:
+                return call()
+            except NoScriptError:
+                pass
+        self.client.script_load(SOURCES[name])
+        return call()
 
     def _node_lane(self, key: str) -> tuple[Any, list[Any]] | None:
         """The connection pool of the cluster node that serves ``key``, with our
@@ -118,13 +127,12 @@ class BlockingCalls(BlockingLeases):
             conn = idle.pop()
         except IndexError:  # none idle (another thread may just have taken the last)
             conn = pool.get_connection()
-
-        def send() -> Any:
-            conn.send_packed_command([evalsha(name, keys, args)], check_health=False)
-            return conn.read_response()
-
         try:
-            answer = self._loaded(name, send)
+            try:
+                answer = _send(conn, name, keys, args)
+            except NoScriptError as missing:
+                again = functools.partial(_send, conn, name, keys, args)
+                answer = self._loaded(name, again, missing)
         except ResponseError:
             idle.append(conn)  # an answer: the connection itself is fine
             raise
@@ -135,3 +143,9 @@ class BlockingCalls(BlockingLeases):
             raise
         idle.append(conn)
         return answer
+
+
+def _send(conn: Any, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+    """EVALSHA, pre-encoded, on ``conn``; its reply."""
+    conn.send_packed_command([evalsha(name, keys, args)], check_health=False)
+    return conn.read_response()
