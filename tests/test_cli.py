@@ -160,7 +160,9 @@ async def test_release_force_asks_evicts_and_leaves_a_record(tmp_path: Path) -> 
         assert code == 1 and "nothing freed" in said and locks.holder in said
         assert lock.held
         code, said = await asyncio.to_thread(
-            _on_a_terminal, ["release", "stuck", "--force", "--url", url], "y"
+            _on_a_terminal,
+            ["release", "stuck", "--force", "--reason", "its pod is gone", "--url", url],
+            "y",
         )
         assert code == 0, said
         assert f"evicted {locks.holder} (fencing token {lock.fencing_token})" in said
@@ -170,14 +172,17 @@ async def test_release_force_asks_evicts_and_leaves_a_record(tmp_path: Path) -> 
         assert again is not None and again.fencing_token > lock.fencing_token
         await again.release()
         assert lock.token not in said
-    records = await asyncio.to_thread(
-        tenure, "tasks", "--url", url, "--task", "tenure.release:stuck", "--json"
-    )
+    records = await asyncio.to_thread(tenure, "locks", "--url", url, "--forced", "--json")
     [record] = json.loads(records.stdout)
-    assert record["outcome"] == "forced"
-    assert f"evicted {locks.holder}" in record["error"]
-    who, _, where = record["instance"].partition("@")
+    assert (record["name"], record["evicted"]) == ("stuck", locks.holder)
+    assert record["fencing_token"] == lock.fencing_token
+    assert record["reason"] == "its pod is gone"
+    who, _, where = record["operator"].partition("@")
     assert who and where.startswith(socket.gethostname() + ":"), "who freed it, from where"
+    listed = await asyncio.to_thread(tenure, "locks", "--url", url, "--forced")
+    assert "stuck" in listed.stdout and "its pod is gone" in listed.stdout
+    assert "tenure.release" not in (await asyncio.to_thread(tenure, "tasks", "--url", url)).stdout
+    assert lock.token not in listed.stdout + records.stdout
     gone = tenure("release", "stuck", "--force", "--yes", "--url", url)
     assert gone.returncode == 1 and "is not held" in gone.stdout
 

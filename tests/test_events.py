@@ -152,6 +152,9 @@ async def test_prometheus_metrics(tmp_path: Path) -> None:
         assert lock is not None
         assert await locks.acquire("p", ttl=TTL) is None
         await lock.release()
+        held = await locks.acquire("forced", ttl=TTL)
+        assert held is not None
+        assert await locks.force_release("forced") is not None
         scheduler = Scheduler(locks)
         scheduler.add(lambda: None, "* * * * *", name="t")
         await scheduler.tasks.run("t", occurrence=60.0)
@@ -168,6 +171,7 @@ async def test_prometheus_metrics(tmp_path: Path) -> None:
     # The task's own lock is counted too.
     assert value("tenure_acquire_attempts_total", lock="t", result="granted") == 1
     assert value("tenure_renewal_failures_total") == 0
+    assert value("tenure_forced_releases_total", lock="forced") == 1
 
 
 def test_prometheus_without_lock_labels_and_the_blocking_api(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from .schedule import (
     Scheduler,
     current_run,
 )
+from .stores.audit import ForcedRelease
 from .stores.runlog import RunRecord
 
 __all__ = (
@@ -29,6 +30,7 @@ __all__ = (
     "CurrentRun",
     "Event",
     "EventKind",
+    "ForcedRelease",
     "InvalidArgument",
     "Lock",
     "LockLost",

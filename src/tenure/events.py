@@ -25,6 +25,9 @@ Kinds (``Event.kind``, an ``EventKind``):
                     ``failed``, ``lost`` or ``claimed_elsewhere``; ``seconds``: its duration
 ``skew``            a scheduler found its clock off the store's by more than its
                     ``skew_warning``; ``seconds``: its clock minus the store's
+``forced_release``  ``force_release`` freed a lock whoever held it; ``holder``:
+                    this service's; ``fencing_token``: the evicted grant's;
+                    ``detail``: ``<operator> evicted <holder>``
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class EventKind(enum.StrEnum):
     RENEWAL_FAILED = "renewal_failed"
     TASK = "task"
     SKEW = "skew"
+    FORCED_RELEASE = "forced_release"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ _LEVELS = {
     EventKind.RENEWAL_FAILED: logging.WARNING,
     EventKind.UNAVAILABLE: logging.WARNING,
     EventKind.SKEW: logging.WARNING,
+    EventKind.FORCED_RELEASE: logging.WARNING,
     EventKind.ACQUIRED: logging.DEBUG,
     EventKind.RELEASED: logging.DEBUG,
     EventKind.CONTENDED: logging.DEBUG,
@@ -111,8 +116,8 @@ def log_events(logger: logging.Logger | None = None) -> Hook:
 
     The message is readable as it is; the fields are also in the record's
     ``extra`` (``tenure_event``, ``lock``, ``holder``, ``fencing_token``,
-    ``seconds``, ``detail``) for JSON log formatters. Losses, failed renewals
-    and an unreachable store are warnings; the rest is INFO (``contended`` and
+    ``seconds``, ``detail``) for JSON log formatters. Losses, failed renewals,
+    an unreachable store and forced releases are warnings; the rest is INFO (``contended`` and
     ``acquired``/``released`` DEBUG, being the common case).
     """
     target = logger if logger is not None else log

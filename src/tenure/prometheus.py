@@ -19,6 +19,7 @@ Metrics (all prefixed ``tenure_``; ``lock`` and ``task`` labels are the names):
 ``task_duration_seconds``          histogram  ``task``
 ``clock_skew_seconds``             gauge      a scheduler's clock minus the store's, when
                                               past its ``skew_warning``
+``forced_releases_total``          counter    ``lock``: locks freed by ``force_release``
 =================================  =========  ===========================================
 
 With many distinct lock names (one per user, per order...) pass
@@ -101,7 +102,13 @@ class PrometheusMetrics:
             namespace=namespace,
             registry=registry,
         )
-
+        self.forced = Counter(
+            "forced_releases",
+            "Locks freed whoever held them (force_release).",
+            ["lock"],
+            namespace=namespace,
+            registry=registry,
+        )
         self.skew = Gauge(
             "clock_skew_seconds",
             "A scheduler's clock minus the store's, as last reported past its bound.",
@@ -127,6 +134,8 @@ class PrometheusMetrics:
         elif kind == EventKind.SKEW:
             if event.seconds is not None:
                 self.skew.set(event.seconds)
+        elif kind == EventKind.FORCED_RELEASE:
+            self.forced.labels(lock).inc()
         elif kind == EventKind.TASK:
             self.task_runs.labels(event.name, event.detail or "").inc()
             if event.seconds is not None:

@@ -63,6 +63,7 @@ from .errors import (
 )
 from .events import Hook
 from .locks import WAITERS, Outcome
+from .stores.audit import ForcedRelease
 from .stores.base import Store
 
 __all__ = (
@@ -254,6 +255,12 @@ class LockService:
             return self._core.waiting(name)
 
         return self._portal.call(count())
+
+    def force_release(
+        self, name: str, *, operator: str | None = None, reason: str | None = None
+    ) -> ForcedRelease | None:
+        """Free ``name`` whoever holds it and leave an audit record (as the asyncio one)."""
+        return self._portal.call(self._core.force_release(name, operator=operator, reason=reason))
 
     def acquire(
         self, name: str, *, ttl: float = _validate.DEFAULT_TTL, wait: float = 0.0

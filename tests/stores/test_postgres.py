@@ -111,15 +111,19 @@ async def test_tables_of_another_schema_version_are_refused() -> None:
             await locks.acquire("job", ttl=5)
 
 
-async def test_tables_of_an_older_shape_are_named_as_such() -> None:
+@pytest.mark.parametrize("old", [1, SCHEMA_VERSION - 1])  # the first; the last before
+async def test_tables_of_an_older_shape_are_named_as_such(old: int) -> None:
     server = postgres_server()
     prefix = _prefix()
     server.psql(
         f"CREATE TABLE {prefix}_meta (key text PRIMARY KEY, value text NOT NULL);"
-        f"INSERT INTO {prefix}_meta VALUES ('schema_version', '1')"
+        f"INSERT INTO {prefix}_meta VALUES ('schema_version', '{old}')"
     )
     async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
-        with pytest.raises(ConfigurationError, match=r"older shape \(schema version 1"):
+        with pytest.raises(
+            ConfigurationError,
+            match=rf"older shape \(schema version {old}; this tenure uses {SCHEMA_VERSION}\)",
+        ):
             await locks.acquire("job", ttl=5)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tenure import ConfigurationError, LockService
-from tenure.stores.sqlite import APPLICATION_ID, PAGE_SIZE, SQLiteStore
+from tenure.stores.sqlite import APPLICATION_ID, PAGE_SIZE, SCHEMA_VERSION, SQLiteStore
 
 
 def test_absolute_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,15 +111,17 @@ def test_foreign_application_database(tmp_path: Path) -> None:
     assert tables == ["t"]
 
 
-def test_tables_of_an_older_shape_are_named_as_such(tmp_path: Path) -> None:
+@pytest.mark.parametrize("old", [1, SCHEMA_VERSION - 1])  # the first; the last before
+def test_tables_of_an_older_shape_are_named_as_such(tmp_path: Path, old: int) -> None:
     path = tmp_path / "older.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE tenure_meta (key TEXT PRIMARY KEY, value ANY) STRICT")
-    conn.execute("INSERT INTO tenure_meta VALUES ('schema_version', 1)")
+    conn.execute("INSERT INTO tenure_meta VALUES ('schema_version', ?)", (old,))
     conn.commit()
     conn.close()
     with pytest.raises(
-        ConfigurationError, match=r"older shape \(schema version 1; this tenure uses"
+        ConfigurationError,
+        match=rf"older shape \(schema version {old}; this tenure uses {SCHEMA_VERSION}\)",
     ):
         LockService.from_url(f"sqlite://{path}")
 

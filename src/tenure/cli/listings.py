@@ -1,4 +1,4 @@
-"""``tenure tasks`` and ``tenure locks``: what ran, and who holds what."""
+"""``tenure tasks`` and ``tenure locks``: what ran, who holds what, and what was forced free."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from ..locks import LockService
 from ..schedule.view import defined_tasks, run_fields
 from ..stores import from_url as store_from_url
+from ..stores.audit import FORCED_KEEP
 from .common import load_scheduler, stamp, url_of
 
 
@@ -73,3 +74,32 @@ async def locks(url: str, prefix: str, as_json: bool) -> None:
         at = stamp(i.acquired_at) if i.acquired_at is not None else "?"
         print(f"{name:<22} {holder:<20} {i.fencing_token:>16} {at:<8} {i.expires_in:>7.1f}s")
     print(f"{len(infos)} held; times UTC")
+
+
+async def forced(url: str, prefix: str, as_json: bool) -> None:
+    store = store_from_url(url)
+    try:
+        records = [
+            r
+            for r in await store.runlog.forced_releases(limit=FORCED_KEEP)
+            if r.name.startswith(prefix)
+        ][:50]
+    finally:
+        await store.aclose()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in records], indent=2))
+        return
+    if not records:
+        print(f"no forced release recorded{f' of a lock starting {prefix!r}' if prefix else ''}")
+        return
+    # 80 columns: when 19, lock 18, evicted 20, freed by; the reason on a line of its own.
+    print(f"{'when (UTC)':<19} {'lock':<18} {'evicted':<20} freed by")
+    for r in records:
+        when = datetime.fromtimestamp(r.at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        name = r.name if len(r.name) <= 18 else r.name[:17] + "…"
+        evicted = r.evicted if len(r.evicted) <= 20 else r.evicted[:19] + "…"
+        line = f"{when:<19} {name:<18} {evicted:<20} {r.operator}"
+        print(line if len(line) <= 80 else line[:79] + "…")
+        if r.reason:
+            why = f"    why: {r.reason}"
+            print(why if len(why) <= 80 else why[:79] + "…")

@@ -12,7 +12,7 @@ from ..errors import ConfigurationError, TenureError
 from .common import serve_app, url_of
 from .demo import demo, demo_instance
 from .doctor import doctor, schema
-from .listings import locks, tasks
+from .listings import forced, locks, tasks
 from .release import force_release
 from .web import web
 
@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix", default="", help="only locks whose names start with this (not the key prefix)"
     )
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--forced",
+        action="store_true",
+        help="instead, the newest forced releases: who freed which lock from whom, and when",
+    )
     p = sub.add_parser(
         "release", help="free a lock whose holder is known to be gone (needs --force)"
     )
@@ -52,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--url")
     p.add_argument("--force", action="store_true", help="free it whoever holds it")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--reason", help="why, kept with the audit record")
     p = sub.add_parser(
         "doctor", help="reachability, clock skew and settings that weaken the guarantees"
     )
@@ -93,14 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             asyncio.run(serve_app(args.target, args.url))
         elif args.command == "locks":
-            asyncio.run(locks(url_of(args.url), args.prefix, args.json))
+            if args.forced:
+                asyncio.run(forced(url_of(args.url), args.prefix, args.json))
+            else:
+                asyncio.run(locks(url_of(args.url), args.prefix, args.json))
         elif args.command == "release":
             if not args.force:
                 raise ConfigurationError(
                     f"tenure release frees {args.name!r} from whoever holds it; "
                     "add --force if you know its holder is gone"
                 )
-            return asyncio.run(force_release(url_of(args.url), args.name, args.yes))
+            return asyncio.run(force_release(url_of(args.url), args.name, args.yes, args.reason))
         elif args.command == "web":
             asyncio.run(web(args.url, args.host, args.port, args.app))
         elif args.command == "doctor":

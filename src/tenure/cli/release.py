@@ -4,21 +4,15 @@ confirmation and an audit record."""
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
-import socket
 import sys
-import time
 
 from ..errors import ConfigurationError
-from ..stores import from_url as store_from_url
-from ..stores.runlog import RunRecord
+from ..locks import LockService
 
 
-async def force_release(url: str, name: str, yes: bool) -> int:
-    store = store_from_url(url)
-    try:
-        info = await store.holder_of(name)
+async def force_release(url: str, name: str, yes: bool, reason: str | None) -> int:
+    async with LockService.from_url(url) as service:
+        info = await service.store.holder_of(name)
         if info is None:
             print(f"lock {name!r} is not held: nothing to free")
             return 1
@@ -37,27 +31,16 @@ async def force_release(url: str, name: str, yes: bool) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 print("nothing freed")
                 return 1
-        evicted = await store.force_release(name)
-        if evicted is None:
+        record = await service.force_release(name, reason=reason)
+        if record is None:
             print(f"lock {name!r} was released or changed hands meanwhile: nothing freed")
             return 1
-        now = time.time()
-        operator = f"{os.environ.get('USER') or os.getuid()}@{socket.gethostname()}:{os.getpid()}"
-        note = (
-            f"forced free by {operator}: evicted {evicted.holder} "
-            f"(fencing token {evicted.fencing_token})"
-        )
-        record = RunRecord(
-            secrets.token_hex(8), f"tenure.release:{name}", None, operator, now, now, "forced", note
-        )
-        await store.runlog.record_run(record, keep=100)
         print(
-            f"freed {name!r}: evicted {evicted.holder} (fencing token {evicted.fencing_token}). "
+            f"freed {name!r}: evicted {record.evicted} (fencing token {record.fencing_token}). "
             "It loses the lock at its next renewal; every later grant has a larger token, "
-            "so fenced resources refuse its writes. Recorded: tenure tasks --task "
-            f"'tenure.release:{name}'"
+            "so fenced resources refuse its writes. Recorded: tenure locks --forced"
         )
-        successor = await store.holder_of(name)
+        successor = await service.store.holder_of(name)
         if successor is not None:
             # On Redis the release itself hands the lock to a queued waiter.
             print(
@@ -65,5 +48,3 @@ async def force_release(url: str, name: str, yes: bool) -> int:
                 f"(fencing token {successor.fencing_token})"
             )
         return 0
-    finally:
-        await store.aclose()

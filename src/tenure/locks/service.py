@@ -24,7 +24,7 @@ from ..lease import LeaseState
 from ..renewer import Renewer
 from ..stores import from_url as store_from_url
 from ..stores.base import Grant, Store
-from . import many, running
+from . import forcing, many, running
 from .direct import Direct
 from .line import WAITERS, Line
 from .lock import Lock, release_failed
@@ -241,7 +241,7 @@ class LockService:
             wait = _validate.check_wait(wait)
         if self._closed:
             raise TenureError("this LockService is closed; make a new one")
-        if self._renewer._thread is None or self._forked:
+        if not self._renewer.started or self._forked:
             self.start()
         return ttl, wait
 
@@ -304,6 +304,7 @@ class LockService:
     acquire_each = many.acquire_each
     start_occurrences = many.start_occurrences
     release_each = many.release_each
+    force_release = forcing.force_release
     run_exclusively = running.run_exclusively
     run_under = running.run_under
 

@@ -295,7 +295,8 @@ class Store(ABC):
         later grant's token is larger and fenced resources refuse the evicted
         holder's writes once they have seen one. The evicted holder learns of it
         at its next renewal (its lock is then lost). Most stores make it with
-        :func:`evict`.
+        :func:`evict`. Operators call ``LockService.force_release``, which also
+        leaves an audit record (``stores.audit``) and an event.
         """
 
     async def server_time(self) -> float | None:

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from .._aio import settle, woken_within
 from ..errors import ConfigurationError
+from .audit import FORCED_KEEP, ForcedRelease, newest
 from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, Store, evict
 from .runlog import RunLog, RunOutcome, RunRecord
 
@@ -217,6 +218,7 @@ class _MemoryRunLog(RunLog):
 
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
+        self._forced: list[ForcedRelease] = []
 
     @property
     def leases(self) -> MemoryStore:
@@ -270,3 +272,14 @@ class _MemoryRunLog(RunLog):
                     store._runs[record.run_id] = record
                     written += 1
         return written
+
+    async def record_forced(self, record: ForcedRelease) -> None:
+        with self._store._mutex:
+            self._forced.append(record)
+            self._forced[:] = newest(self._forced, None, FORCED_KEEP)
+
+    async def forced_releases(
+        self, name: str | None = None, limit: int = 50
+    ) -> list[ForcedRelease]:
+        with self._store._mutex:
+            return newest(self._forced, name, limit)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .audit import ForcedRelease
 from .base import AcquireItem, Grant
 
 if TYPE_CHECKING:
@@ -204,7 +205,8 @@ class Started(NamedTuple):
 
 
 class RunLog(ABC):
-    """Claims and run records, kept in a store beside its leases (``store.runlog``)."""
+    """Claims and run records, kept in a store beside its leases (``store.runlog``);
+    and the audit records of forced releases (``stores.audit``)."""
 
     @property
     @abstractmethod
@@ -302,3 +304,14 @@ class RunLog(ABC):
         Each record is its own compare-and-set: a run's own final record,
         written meanwhile, is never overwritten.
         """
+
+    @abstractmethod
+    async def record_forced(self, record: ForcedRelease) -> None:
+        """Add the audit record of a forced release; keep the newest
+        ``audit.FORCED_KEEP`` (by ``at``)."""
+
+    @abstractmethod
+    async def forced_releases(
+        self, name: str | None = None, limit: int = 50
+    ) -> list[ForcedRelease]:
+        """The newest forced-release records, of the lock ``name`` or of all, newest first."""

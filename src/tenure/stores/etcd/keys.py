@@ -69,7 +69,7 @@ def digest(token: str) -> bytes:
 class Keys:
     """The key layout of one store (its ``prefix``)."""
 
-    __slots__ = ("claims", "locks", "runs", "tokens")
+    __slots__ = ("claims", "forced", "locks", "runs", "tokens")
 
     def __init__(self, prefix: str) -> None:
         p = prefix.encode()
@@ -77,6 +77,7 @@ class Keys:
         self.tokens = p + b"/token/"
         self.claims = p + b"/claim/"
         self.runs = p + b"/run/"
+        self.forced = p + b"/forced/"
 
     def lock(self, name: str) -> bytes:
         return self.locks + name.encode()
@@ -92,3 +93,6 @@ class Keys:
 
     def run(self, task: str, started: float, run_id: str) -> bytes:
         return self.task_runs(task) + micros(started) + b"/" + run_id.encode()
+
+    def forced_release(self, at: float, record_id: str) -> bytes:
+        return self.forced + micros(at) + b"/" + record_id.encode()

@@ -4,7 +4,9 @@ A claim is ``P/claim/T`` holding ``<fire time µs>/<claimant>`` (fixed-width
 digits, so bytes order is time order), advanced only forward by a nested
 transaction; a batch of claims is one transaction. A run record is
 ``P/run/T\\0S/R`` (a JSON array of ``RunRecord.row()``); keys sort by start
-time within a task, so trimming reads the oldest few.
+time within a task, so trimming reads the oldest few. A forced release's audit
+record is ``P/forced/A/I`` (a JSON array of ``ForcedRelease.row()``; keys sort
+by time), trimmed to ``FORCED_KEEP``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from aetcd import rpc
 
+from ..audit import FORCED_KEEP, ForcedRelease, newest
 from ..runlog import Claim, RunLog, RunOutcome, RunRecord
 from .keys import MAX_TXN_OPS, Keys, delete, is_, micros, prefix_end, read
 from .transport import Transport
@@ -221,3 +224,24 @@ class EtcdRunLog(RunLog):
         )
         tasks = {kv.key[len(self.keys.runs) :].split(b"\0", 1)[0].decode() for kv in answer.kvs}
         return sum([await self._trim(task, keep_runs) for task in sorted(tasks)])
+
+    async def record_forced(self, record: ForcedRelease) -> None:
+        key = self.keys.forced_release(record.at, record.record_id)
+        put = rpc.PutRequest(key=key, value=json.dumps(record.row()).encode())
+        await self.transport.call("Put", "kv", put)
+        start = self.keys.forced
+        every = rpc.RangeRequest(key=start, range_end=prefix_end(start), keys_only=True)
+        answer = await self.transport.call("Range", "kv", every)
+        over = int(answer.count) - FORCED_KEEP
+        if over > 0:
+            await self._delete_keys(sorted(kv.key for kv in answer.kvs)[:over])
+
+    async def forced_releases(
+        self, name: str | None = None, limit: int = 50
+    ) -> list[ForcedRelease]:
+        start = self.keys.forced
+        answer = await self.transport.call(
+            "Range", "kv", rpc.RangeRequest(key=start, range_end=prefix_end(start))
+        )
+        found = (ForcedRelease.from_row(json.loads(kv.value)) for kv in answer.kvs)
+        return newest(found, name, limit)

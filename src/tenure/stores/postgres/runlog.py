@@ -2,11 +2,12 @@
 
 A claim is one row per task (``<prefix>_claims``), advanced by a
 compare-and-advance upsert; run records are rows of ``<prefix>_runs`` (one
-column per ``RunRecord`` field). A batch of occurrence starts is one
-statement and one transaction: the claims, then the acquires of those won,
-then the start records of those granted, each step reading the one before
-through its RETURNING; rows are written in task order, so two batches that
-share tasks lock them in the same order.
+column per ``RunRecord`` field), forced releases' audit records rows of
+``<prefix>_forced`` (one column per ``ForcedRelease`` field). A batch of
+occurrence starts is one statement and one transaction: the claims, then the
+acquires of those won, then the start records of those granted, each step
+reading the one before through its RETURNING; rows are written in task order,
+so two batches that share tasks lock them in the same order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..audit import FORCED_KEEP, ForcedRelease
 from ..base import Grant
 from ..runlog import Claim, RunLog, RunOutcome, RunRecord, Started, StartItem
 from .schema import Names
@@ -101,6 +103,19 @@ class _Statements:
         self.runs_task = names.render(
             f"SELECT {columns} FROM {{runs}} WHERE task = %s ORDER BY started DESC LIMIT %s"
         )
+        forced = "record_id, name, at, operator, evicted, fencing_token, reason"
+        # The insert and the trim to the newest FORCED_KEEP, in one statement.
+        # The DELETE does not see the row the INSERT adds (one snapshot): it
+        # keeps FORCED_KEEP - 1 of the others.
+        self.record_forced = names.render(
+            f"WITH new AS (INSERT INTO {{forced}} ({forced}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            " RETURNING 1) DELETE FROM {forced} WHERE at < (SELECT at FROM {forced}"
+            f" ORDER BY at DESC LIMIT 1 OFFSET {FORCED_KEEP - 2})"
+        )
+        self.forced_all = names.render(f"SELECT {forced} FROM {{forced}} ORDER BY at DESC LIMIT %s")
+        self.forced_name = names.render(
+            f"SELECT {forced} FROM {{forced}} WHERE name = %s ORDER BY at DESC LIMIT %s"
+        )
 
 
 class PostgresRunLog(RunLog):
@@ -176,3 +191,15 @@ class PostgresRunLog(RunLog):
         else:
             rows = await self.transport.query(self.sql.runs_task, (task, limit))
         return [RunRecord.from_row(row) for row in rows]
+
+    async def record_forced(self, record: ForcedRelease) -> None:
+        await self.transport.query(self.sql.record_forced, record.row())
+
+    async def forced_releases(
+        self, name: str | None = None, limit: int = 50
+    ) -> list[ForcedRelease]:
+        if name is None:
+            rows = await self.transport.query(self.sql.forced_all, (limit,))
+        else:
+            rows = await self.transport.query(self.sql.forced_name, (name, limit))
+        return [ForcedRelease.from_row(row) for row in rows]

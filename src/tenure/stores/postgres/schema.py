@@ -29,7 +29,7 @@ __all__ = (
     "schema_sql",
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MAX_PREFIX_BYTES = 40  # "<prefix>_released" must fit PostgreSQL's 63-byte identifiers
 MAX_IDENT_BYTES = 63
 
@@ -52,6 +52,8 @@ class Names:
         self.claims = pgsql.Identifier(schema, f"{prefix}_claims")
         self.runs = pgsql.Identifier(schema, f"{prefix}_runs")
         self.runs_index = pgsql.Identifier(f"{prefix}_runs_task")
+        self.forced = pgsql.Identifier(schema, f"{prefix}_forced")
+        self.forced_index = pgsql.Identifier(f"{prefix}_forced_name")
         self.meta = pgsql.Identifier(schema, f"{prefix}_meta")
         self.channel = f"{prefix}_released"
         self.fence_literal = pgsql.Literal(self.fence.as_string())
@@ -68,6 +70,8 @@ class Names:
                 runs=self.runs,
                 meta=self.meta,
                 runs_index=self.runs_index,
+                forced=self.forced,
+                forced_index=self.forced_index,
                 schema=self.schema,
                 lock_key=self.lock_key,
                 **extra,
@@ -118,6 +122,16 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    fence bigint\n"
         ");\n"
         "CREATE INDEX IF NOT EXISTS {runs_index} ON {runs} (task, started);\n"
+        "CREATE TABLE IF NOT EXISTS {forced} (\n"
+        "    record_id text PRIMARY KEY,\n"
+        "    name text NOT NULL,\n"
+        "    at double precision NOT NULL,\n"
+        "    operator text NOT NULL,\n"
+        "    evicted text NOT NULL,\n"
+        "    fencing_token bigint NOT NULL,\n"
+        "    reason text\n"
+        ");\n"
+        "CREATE INDEX IF NOT EXISTS {forced_index} ON {forced} (name, at);\n"
         "CREATE TABLE IF NOT EXISTS {meta} (\n"
         "    key text PRIMARY KEY,\n"
         "    value text NOT NULL\n"
@@ -126,7 +140,7 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    ON CONFLICT (key) DO NOTHING;\n"
         "-- The application's database user then needs (replace app_user):\n"
         "-- GRANT USAGE ON SCHEMA {schema} TO app_user;\n"
-        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {meta}"
+        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {forced}, {meta}"
         " TO app_user;\n"
         "-- GRANT USAGE ON SEQUENCE {fence} TO app_user;\n"
     )
@@ -152,8 +166,9 @@ async def ensure(conn: psycopg.AsyncConnection[Any], sql: Statements, where: str
         raise ConfigurationError(
             f"{where}: {tables} are of an older shape (schema version {version}; this "
             f"tenure uses {SCHEMA_VERSION}): tenure has no release yet that migrates them. "
-            "Stop every instance, drop them (they hold only leases, claims and run records) "
-            "or use another prefix; `tenure schema` prints the current shape"
+            "Stop every instance, drop them (they hold only leases, claims, run records and "
+            "forced-release records) or use another prefix; `tenure schema` prints the "
+            "current shape"
         )
     if version != str(SCHEMA_VERSION):
         raise ConfigurationError(

@@ -10,6 +10,8 @@
   script call for the whole batch (``start.lua``), and so are a batch of
   records and of releases; on a cluster, whose keys of one item are in
   different hash slots, the contract's default three steps are made.
+* Forced releases' audit records are a list (``{prefix:forced}``) of JSON
+  arrays of ``ForcedRelease.row()``, newest first, trimmed to ``FORCED_KEEP``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..audit import FORCED_KEEP, ForcedRelease, newest
 from ..base import Grant
 from ..runlog import Claim, RunLog, RunRecord, Started, StartItem
 from .scripts import Keys, StartReply
@@ -132,3 +135,13 @@ class RedisRunLog(RunLog):
         """Remove the records of ``task`` beyond its ``keep`` newest; how many went."""
         records, index = self.keys.runs(task)
         return int(await self.transport.script("record", (records, index), ("", "", "0", keep)))
+
+    async def record_forced(self, record: ForcedRelease) -> None:
+        await self.transport.call("lpush", self.keys.forced, json.dumps(record.row()))
+        await self.transport.call("ltrim", self.keys.forced, 0, FORCED_KEEP - 1)
+
+    async def forced_releases(
+        self, name: str | None = None, limit: int = 50
+    ) -> list[ForcedRelease]:
+        rows: Any = await self.transport.call("lrange", self.keys.forced, 0, -1)
+        return newest((ForcedRelease.from_row(json.loads(row)) for row in rows), name, limit)

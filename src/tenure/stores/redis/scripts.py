@@ -97,13 +97,15 @@ Call = tuple[Sequence[str], Sequence[str | int | float]]
 class Keys:
     """The key layout of one store (its ``prefix``), and the calls built on it."""
 
-    __slots__ = ("claims_tag", "prefix", "tasks")
+    __slots__ = ("claims_tag", "forced", "prefix", "tasks")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.tasks = f"{{{prefix}:tasks}}"
         """The set of task names that have run records."""
         self.claims_tag = f"{{{prefix}:claims}}"
+        self.forced = f"{{{prefix}:forced}}"
+        """The list of forced-release records (JSON rows), newest first."""
 
     def tag(self, name: str) -> str:
         return f"{{{self.prefix}:{name}}}"

@@ -2,8 +2,10 @@
 
 A claim is one row per task (``<prefix>_claims``), advanced by a
 compare-and-advance upsert; run records are rows of ``<prefix>_runs``, one
-column per ``RunRecord`` field. A batch (claims, starts, records) is one write
-transaction: its items are committed together, at the cost of one commit.
+column per ``RunRecord`` field; forced releases' audit records are rows of
+``<prefix>_forced``, one column per ``ForcedRelease`` field. A batch (claims,
+starts, records) is one write transaction: its items are committed together,
+at the cost of one commit.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..audit import FORCED_KEEP, ForcedRelease
 from ..runlog import Claim, RunLog, RunOutcome, RunRecord, Started, StartItem
 from .database import Database
 from .leases import PlainCalls
@@ -135,3 +138,33 @@ class SQLiteRunLog(RunLog):
                 (task, limit),
             )
         return [RunRecord.from_row(row) for row in rows]
+
+    async def record_forced(self, record: ForcedRelease) -> None:
+        p = self.db.prefix
+        with self.db.transaction():
+            self.db.run(
+                f"INSERT INTO {p}_forced (record_id, name, at, operator, evicted,"
+                " fencing_token, reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                record.row(),
+            )
+            self.db.run(
+                f"DELETE FROM {p}_forced WHERE at < (SELECT at FROM {p}_forced"
+                " ORDER BY at DESC LIMIT 1 OFFSET ?)",
+                (FORCED_KEEP - 1,),
+            )
+
+    async def forced_releases(
+        self, name: str | None = None, limit: int = 50
+    ) -> list[ForcedRelease]:
+        p = self.db.prefix
+        columns = "record_id, name, at, operator, evicted, fencing_token, reason"
+        if name is None:
+            rows = self.db.run(
+                f"SELECT {columns} FROM {p}_forced ORDER BY at DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = self.db.run(
+                f"SELECT {columns} FROM {p}_forced WHERE name = ? ORDER BY at DESC LIMIT ?",
+                (name, limit),
+            )
+        return [ForcedRelease.from_row(row) for row in rows]

@@ -29,7 +29,7 @@ __all__ = (
     "prepare",
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 PAGE_SIZE = 1024
 """Of a database file tenure creates. A grant or release rewrites one small
 row, and every commit appends the pages it changed to the WAL: at a quarter
@@ -96,7 +96,7 @@ def prepare(
                     f"of an older shape (schema version {row[0]}; this tenure uses "
                     f"{SCHEMA_VERSION}): tenure has no release yet that migrates them. Stop "
                     "every instance, then use a new file or another prefix (the old one "
-                    "holds only leases and run records)"
+                    "holds only leases, run records and forced-release records)"
                 )
             if row is None or row[0] != SCHEMA_VERSION:
                 raise ConfigurationError(
@@ -136,6 +136,13 @@ def prepare(
                 " outcome TEXT NOT NULL, error TEXT, fence INTEGER) STRICT"
             )
             conn.execute(f"CREATE INDEX {p}_runs_task ON {p}_runs (task, started)")
+            conn.execute(
+                f"CREATE TABLE {p}_forced (record_id TEXT PRIMARY KEY, name TEXT NOT NULL,"
+                " at REAL NOT NULL, operator TEXT NOT NULL, evicted TEXT NOT NULL,"
+                " fencing_token INTEGER NOT NULL, reason TEXT) STRICT"
+            )
+            conn.execute(f"CREATE INDEX {p}_forced_at ON {p}_forced (at)")
+            conn.execute(f"CREATE INDEX {p}_forced_name ON {p}_forced (name, at)")
             conn.executemany(
                 f"INSERT INTO {p}_meta (key, value) VALUES (?, ?)",
                 [
