@@ -6,11 +6,14 @@ import asyncio
 import os
 import sqlite3
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import tenure.sync
 from tenure import ConfigurationError, LockService
 from tenure.stores.sqlite import APPLICATION_ID, PAGE_SIZE, SCHEMA_VERSION, SQLiteStore
 
@@ -326,3 +329,19 @@ async def test_checkpoint_thread_of_a_dropped_store_ends(
     gc.collect()
     thread.join(5)
     assert not thread.is_alive(), "nothing keeps the store alive, so its thread ends"
+
+
+def test_processes_opening_a_new_file_together_wait_for_its_wal_switch(tmp_path: Path) -> None:
+    # Another process holds the new file's write lock (as one turning it to
+    # WAL mode does) for longer than busy_timeout: opening waits for it.
+    path = tmp_path / "new.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE unrelated (x)")
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.5, other.execute, ("COMMIT",)).start()
+    started = time.monotonic()
+    with tenure.sync.LockService.from_url(f"sqlite://{path}?busy_timeout=0.1") as locks:
+        assert time.monotonic() - started >= 0.4, "the write lock was held while it opened"
+        lock = locks.acquire("first", ttl=5)
+        assert lock is not None and lock.release()
+    other.close()

@@ -50,6 +50,24 @@ def boot_id() -> str:
         return f"boot@{round((time.time() - time.monotonic()) / 60)}"
 
 
+SETUP_WAIT = 5.0
+"""Seconds a connection waits, at least, for another process that is turning a
+new file to WAL mode (a one-time step that takes an exclusive lock and syncs):
+processes started together on a new file must not fail for it."""
+
+
+def _wal_mode(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    """``PRAGMA journal_mode = WAL``; the mode the file is in."""
+    give_up = time.monotonic() + max(busy_timeout, SETUP_WAIT)
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= give_up:
+                raise
+        time.sleep(0.01)
+
+
 def prepare(
     conn: sqlite3.Connection,
     path: Path,
@@ -70,7 +88,7 @@ def prepare(
             f"SQLite database {str(path)!r} belongs to another application "
             f"(application_id {app_id:#x}); give tenure a file of its own"
         )
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    mode = _wal_mode(conn, busy_timeout)
     if str(mode).lower() != "wal":
         raise ConfigurationError(
             f"SQLite database {str(path)!r} cannot use WAL mode (got {mode!r}); "
