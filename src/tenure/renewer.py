@@ -85,6 +85,8 @@ class Renewer:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.started = False
+        """Its thread was started (and not stopped since): read on every acquire."""
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self.round_trips = 0
@@ -103,11 +105,7 @@ class Renewer:
             self._thread.join()
             self._thread = None
             raise error
-
-    @property
-    def started(self) -> bool:
-        """Its thread was started (and not stopped since)."""
-        return self._thread is not None
+        self.started = True
 
     def stop(self) -> None:
         """Stop the thread and wait for it; leases still registered stop being renewed."""
@@ -123,6 +121,7 @@ class Renewer:
                 pass
         thread.join()
         self._thread = None
+        self.started = False
 
     def add(self, state: LeaseState) -> None:
         """Start renewing ``state``; safe from any thread, and takes no lock.

@@ -9,7 +9,7 @@ from .. import _validate
 from .._tokens import new_token
 from ..errors import InvalidArgument, StoreUnavailable, TenureError
 from ..events import Event, EventKind
-from ..stores.base import BlockingLeases
+from ..stores.base import BlockingLeases, Store
 from .lock import Lock, release_failed
 
 if TYPE_CHECKING:
@@ -29,16 +29,23 @@ class Direct:
     not here: a store's waiters live on an event loop. Any thread may call.
     """
 
-    __slots__ = ("service",)
+    __slots__ = ("_plain", "_store", "service")
 
     def __init__(self, service: LockService) -> None:
         self.service = service
+        self._store: Store | None = None
+        self._plain: BlockingLeases | None = None
 
     def _calls(self) -> BlockingLeases:
-        # Looked up each time: a forked child's service has a store of its own.
-        calls = self.service.store.blocking()
+        # The service's store is read each time (a forked child's service has
+        # a store of its own); its plain calls only when it is another store.
+        store = self.service.store
+        if store is self._store and self._plain is not None:
+            return self._plain
+        calls = store.blocking()
         if calls is None:
-            raise TenureError(f"{self.service.store.describe()} has no blocking calls")
+            raise TenureError(f"{store.describe()} has no blocking calls")
+        self._store, self._plain = store, calls
         return calls
 
     def acquire(
@@ -68,14 +75,17 @@ class Direct:
     def release(self, lock: Lock, *, quietly: bool = False) -> bool:
         """:meth:`Lock.release`, on this thread; ``quietly``: a store failure is
         logged, not raised (as leaving ``async with lock`` does)."""
-        if lock._lease.released:
+        lease = lock._lease
+        if lease.released:
             return False
         was_held = lock._leave()
         try:
-            in_store = self._calls().release(lock.name, lock.token)
+            in_store = self._calls().release(lease.name, lease.token)
         except TenureError as exc:
             if not quietly:
                 raise
             release_failed(lock, exc)
             in_store = False
-        return lock._left(was_held, in_store)
+        if self.service._hooks.hooks:
+            return lock._left(was_held, in_store)
+        return was_held and in_store
