@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from ..locks import LockService
 from ..schedule.view import defined_tasks, run_fields
 from ..stores import from_url as store_from_url
 from ..stores.audit import FORCED_KEEP
+from ..stores.base import Store
 from .common import load_scheduler, stamp, url_of
+
+T = TypeVar("T")
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` in at most ``width`` columns: cut, with an ellipsis, when longer."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+async def _read(url: str, read: Callable[[Store], Awaitable[T]]) -> T:
+    """What ``read`` reads from the store at ``url``, which is closed after."""
+    store = store_from_url(url)
+    try:
+        return await read(store)
+    finally:
+        await store.aclose()
 
 
 async def tasks(
@@ -51,15 +70,11 @@ async def tasks(
         line = f"{r.task[:20]:<20} {fire:<19} {r.instance[:18]:<18} {took:>7} {r.outcome}"
         if r.error:
             line += f": {r.error}"
-        print(line if len(line) <= 80 else line[:79] + "…")
+        print(fit(line, 80))
 
 
 async def locks(url: str, prefix: str, as_json: bool) -> None:
-    store = store_from_url(url)
-    try:
-        infos = await store.holders(prefix)
-    finally:
-        await store.aclose()
+    infos = await _read(url, lambda store: store.holders(prefix))
     if as_json:
         print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
         return
@@ -69,23 +84,16 @@ async def locks(url: str, prefix: str, as_json: bool) -> None:
     # 80 columns: name 22, holder 20, fencing token 16, acquired 8, expires in 8.
     print(f"{'lock':<22} {'holder':<20} {'fencing token':>16} {'acquired':<8} {'expires':>8}")
     for i in infos:
-        name = i.name if len(i.name) <= 22 else i.name[:21] + "…"
-        holder = i.holder if len(i.holder) <= 20 else i.holder[:19] + "…"
+        name = fit(i.name, 22)
+        holder = fit(i.holder, 20)
         at = stamp(i.acquired_at) if i.acquired_at is not None else "?"
         print(f"{name:<22} {holder:<20} {i.fencing_token:>16} {at:<8} {i.expires_in:>7.1f}s")
     print(f"{len(infos)} held; times UTC")
 
 
 async def forced(url: str, prefix: str, as_json: bool) -> None:
-    store = store_from_url(url)
-    try:
-        records = [
-            r
-            for r in await store.runlog.forced_releases(limit=FORCED_KEEP)
-            if r.name.startswith(prefix)
-        ][:50]
-    finally:
-        await store.aclose()
+    every = await _read(url, lambda store: store.runlog.forced_releases(limit=FORCED_KEEP))
+    records = [r for r in every if r.name.startswith(prefix)][:50]
     if as_json:
         print(json.dumps([dataclasses.asdict(r) for r in records], indent=2))
         return
@@ -96,10 +104,10 @@ async def forced(url: str, prefix: str, as_json: bool) -> None:
     print(f"{'when (UTC)':<19} {'lock':<18} {'evicted':<20} freed by")
     for r in records:
         when = datetime.fromtimestamp(r.at, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        name = r.name if len(r.name) <= 18 else r.name[:17] + "…"
-        evicted = r.evicted if len(r.evicted) <= 20 else r.evicted[:19] + "…"
+        name = fit(r.name, 18)
+        evicted = fit(r.evicted, 20)
         line = f"{when:<19} {name:<18} {evicted:<20} {r.operator}"
-        print(line if len(line) <= 80 else line[:79] + "…")
+        print(fit(line, 80))
         if r.reason:
             why = f"    why: {r.reason}"
-            print(why if len(why) <= 80 else why[:79] + "…")
+            print(fit(why, 80))
