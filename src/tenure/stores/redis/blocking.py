@@ -67,24 +67,29 @@ class BlockingCalls(BlockingLeases):
         self.client.close()
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
-        with self.gate.blocking(), self.translated:
-            if not self.cluster:
-                # The first attempt inline, the retry policy only after a failure.
-                pool = self.client.connection_pool
-                try:
-                    return self._on_lane(pool, self._idle, name, keys, args)
-                except Exception as exc:
-                    again = functools.partial(self._on_lane, pool, self._idle, name, keys, args)
-                    return once_more_now(exc, again, broken)
-            lane = self._node_lane(keys[0])
-            if lane is not None:
-                try:
-                    return self._on_lane(*lane, name, keys, args)
-                except (*NOT_SERVED_HERE, RedisConnectionError):
-                    pass  # it did not run there, or the node went: the general way follows
-            return self._loaded(
-                name, lambda: self.client.evalsha(SHAS[name], len(keys), *keys, *args)
-            )
+        # The translation as an except clause, not ``with self.translated``: this
+        # is the blocking hot path, and a second context manager costs a call each way.
+        with self.gate.blocking():
+            try:
+                if not self.cluster:
+                    # The first attempt inline, the retry policy only after a failure.
+                    pool = self.client.connection_pool
+                    try:
+                        return self._on_lane(pool, self._idle, name, keys, args)
+                    except Exception as exc:
+                        again = functools.partial(self._on_lane, pool, self._idle, name, keys, args)
+                        return once_more_now(exc, again, broken)
+                lane = self._node_lane(keys[0])
+                if lane is not None:
+                    try:
+                        return self._on_lane(*lane, name, keys, args)
+                    except (*NOT_SERVED_HERE, RedisConnectionError):
+                        pass  # it did not run there, or the node went: the general way follows
+                return self._loaded(
+                    name, lambda: self.client.evalsha(SHAS[name], len(keys), *keys, *args)
+                )
+            except DRIVER_ERRORS as exc:
+                raise self.translated.unavailable(exc) from exc
 
     def _loaded(self, name: str, call: Callable[[], T], missing: NoScriptError | None = None) -> T:
         """``call()``; once more after loading the script if the server did not
@@ -129,7 +134,8 @@ class BlockingCalls(BlockingLeases):
             conn = pool.get_connection()
         try:
             try:
-                answer = _send(conn, name, keys, args)
+                conn.send_packed_command([evalsha(name, keys, args)], check_health=False)
+                answer = conn.read_response()
             except NoScriptError as missing:
                 again = functools.partial(_send, conn, name, keys, args)
                 answer = self._loaded(name, again, missing)
