@@ -6,6 +6,7 @@
                                               --unsafe-no-fsync (production's settings)
     python bench/load.py --smoke              a few iterations of everything (the test suite)
     python bench/load.py --parts herd         only some of burst, herd, scheduler
+    python bench/load.py --instances 1        the scheduler on one instance (3 by default)
 
 Each store is a throwaway server started here (PostgreSQL with ``fsync=off``
 and etcd with ``--unsafe-no-fsync``, as the tests run them, unless
@@ -254,7 +255,9 @@ def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
     return urls
 
 
-async def measure(name: str, url: str, smoke: bool, fsync: bool, parts: set[str]) -> None:
+async def measure(
+    name: str, url: str, smoke: bool, fsync: bool, parts: set[str], *, instances: int = 3
+) -> None:
     levels = (1, 10) if smoke else (1, 10, 100, 500)
     total = 40 if smoke else 4000
     herd_size = 10 if smoke else 500
@@ -305,8 +308,8 @@ async def measure(name: str, url: str, smoke: bool, fsync: bool, parts: set[str]
                 )
     if "scheduler" in parts:
         tasks, seconds, warmup = SCHEDULER_SMOKE if smoke else SCHEDULER
-        result = await scheduler_load(url, tasks, seconds, 3, warmup=warmup)
-        print(f"scheduler: {tasks} tasks x 3 instances: {result}")
+        result = await scheduler_load(url, tasks, seconds, instances, warmup=warmup)
+        print(f"scheduler: {tasks} tasks x {instances} instance(s): {result}")
 
 
 def main() -> None:
@@ -317,7 +320,15 @@ def main() -> None:
     parser.add_argument(
         "--parts", default="burst,herd,scheduler", help="which of burst, herd, scheduler to run"
     )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=3,
+        help="scheduler instances (processes) per store; 1 compares like for like with APScheduler",
+    )
     args = parser.parse_args()
+    if args.instances < 1:
+        parser.error(f"--instances must be at least 1, got {args.instances}")
     parts = set(args.parts.split(","))
     if not parts <= {"burst", "herd", "scheduler"}:
         parser.error(f"--parts takes burst, herd and scheduler, got {args.parts!r}")
@@ -329,7 +340,7 @@ def main() -> None:
     with ExitStack() as stack:
         urls = servers(args.stores.split(","), args.fsync, stack)
         for name, url in urls.items():
-            asyncio.run(measure(name, url, args.smoke, args.fsync, parts))
+            asyncio.run(measure(name, url, args.smoke, args.fsync, parts, instances=args.instances))
 
 
 if __name__ == "__main__":
