@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,7 +36,10 @@ def tenure(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+async def test_run_serves_until_a_signal_and_tasks_shows_the_records(
+    tmp_path: Path, stop: signal.Signals, status: int
+) -> None:
     url = f"sqlite://{tmp_path}/cli.db"
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
     proc = subprocess.Popen(
@@ -54,9 +59,17 @@ async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Pa
                 await asyncio.sleep(0.2)
             else:
                 pytest.fail("tenure run ran nothing in 20 s")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         _, err = await asyncio.to_thread(proc.communicate, timeout=30)
-        assert proc.returncode == 0, err
+        assert proc.returncode == status, err
+        assert "Traceback" not in err
+        # One line at start, one at stop, at INFO.
+        assert "tenure.scheduler: serving 1 task(s) on sqlite://" in err
+        assert "first due: 'cli.tick' at " in err
+        said = re.search(rf"stopped by {stop.name}: 1 task\(s\); (\d+) occurrence\(s\) ran", err)
+        assert said is not None, err
+        assert int(said[1]) >= 1
+        assert "0 failed; 0 running cancelled" in err
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -66,7 +79,65 @@ async def test_run_serves_until_sigterm_and_tasks_shows_the_records(tmp_path: Pa
     assert "cli.tick" in shown.stdout and " ran" in shown.stdout
     as_json = json.loads((await asyncio.to_thread(tenure, "tasks", "--url", url, "--json")).stdout)
     assert as_json and {"task", "fire_time", "instance", "outcome"} <= set(as_json[0])
-    assert all(len(line) <= 80 for line in shown.stdout.splitlines())
+
+
+def test_version_and_help_show_only_what_a_user_types() -> None:
+    import tenure as package
+
+    version = tenure("--version")
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"tenure {package.__version__}"
+    shown = tenure("--help")
+    assert shown.returncode == 0
+    assert "demo" in shown.stdout and "doctor" in shown.stdout
+    assert "_instance" not in shown.stdout and "SUPPRESS" not in shown.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("locks",),
+        ("locks", "--forced"),
+        ("tasks",),
+        ("tasks", "--app", "tests.helpers.cli_app:make"),
+        ("doctor",),
+        ("web", "--port", "1"),
+        ("release", "x", "--force", "--yes"),
+    ],
+)
+def test_read_only_commands_refuse_a_sqlite_file_that_is_not_there(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    missing = tmp_path / "typo.db"
+    done = tenure(*command, "--url", f"sqlite://{missing}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("tenure: ") and len(done.stderr.splitlines()) == 1
+    assert f"SQLite database {str(missing)!r} does not exist; check the path" in done.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing created"
+
+
+async def test_tasks_text_never_cuts_a_name_a_zone_or_an_error(tmp_path: Path) -> None:
+    from .helpers.cli_app import LONG_ERROR, LONG_NAME, LONG_ZONE, make_long
+
+    url = f"sqlite://{tmp_path}/long.db"
+    async with LockService.from_url(url) as locks:
+        with pytest.raises(RuntimeError):
+            await make_long(locks).tasks.run(LONG_NAME, occurrence=120.0)
+    app = "tests.helpers.cli_app:make_long"
+    shown = await asyncio.to_thread(tenure, "tasks", "--url", url, "--app", app)
+    assert shown.returncode == 0, shown.stderr
+    assert "…" not in shown.stdout
+    plan, runs = shown.stdout.split("\n\n")
+    assert plan.splitlines()[1].startswith(f"{LONG_NAME}  0 3 * * *")
+    assert plan.splitlines()[1].endswith(LONG_ZONE)
+    head, row, *error = runs.splitlines()
+    assert head.split() == ["task", "occurrence", "(UTC)", "instance", "took", "outcome"]
+    assert row.startswith(f"{LONG_NAME}  1970-01-01 00:02:00  {locks.holder}")
+    assert row.endswith("failed")
+    # The error on lines of its own, wrapped at 80 columns, whole.
+    assert error[0].startswith("    error: RuntimeError: the upstream")
+    assert all(len(line) <= 80 for line in error)
+    assert " ".join(" ".join(error).split()) == "error: " + " ".join(LONG_ERROR.split())
 
 
 @pytest.mark.parametrize(
@@ -104,12 +175,14 @@ async def test_locks_lists_holders_without_tokens(tmp_path: Path) -> None:
         tokens = [a.token, b.token, other.token]
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), "fits an 80-column terminal"
-    assert lines[0].split() == ["lock", "holder", "fencing", "token", "acquired", "expires"]
+    assert lines[0].split() == ["lock", "holder", "fencing", "token", "acquired", "expires", "in"]
     assert any(
-        line.startswith("reports.nightly") and str(a.fencing_token) in line for line in lines
+        line.startswith("reports.nightly ") and str(a.fencing_token) in line for line in lines
     )
-    assert any(line.startswith("a-rather-long-lock-na…") for line in lines)
+    # Never cut: the columns are as wide as their widest cell.
+    assert any(line.startswith("a-rather-long-lock-name-that-does-not-fit ") for line in lines)
+    holder_at = lines[0].index("holder")
+    assert all(line[holder_at:].startswith(locks.holder) for line in lines[1:-1])
     assert lines[-1] == "3 held; times UTC"
     [entry] = json.loads(listed.stdout)
     assert entry["name"] == "reports.nightly"
@@ -198,8 +271,11 @@ async def test_release_force_yes_frees_without_asking(tmp_path: Path) -> None:
         assert await locks.store.holders("stuck") == []
 
 
-def test_doctor_on_sqlite(tmp_path: Path) -> None:
-    done = tenure("doctor", "--url", f"sqlite://{tmp_path}/doc.db")
+async def test_doctor_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/doc.db"
+    async with LockService.from_url(url):  # the file exists: doctor creates nothing
+        pass
+    done = await asyncio.to_thread(tenure, "doctor", "--url", url)
     assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join(done.stdout.split())  # as one line, whatever the wrapping
     assert "reachable: round trip" in said
@@ -274,7 +350,6 @@ async def test_tasks_with_the_app_shows_expressions_and_next_fire(tmp_path: Path
     assert lines[0].split() == ["task", "expression", "next", "fire", "(UTC)", "tz"]
     assert lines[1].startswith("cli.tick") and "* * * * * *" in lines[1]
     assert any("1970-01-01 00:02:00" in line and "ran" in line for line in lines)
-    assert all(len(line) <= 80 for line in lines)
     before = time.time()
     listed = await asyncio.to_thread(tenure, "tasks", "--url", url, "--app", app, "--json")
     after = time.time()
@@ -286,3 +361,79 @@ async def test_tasks_with_the_app_shows_expressions_and_next_fire(tmp_path: Path
     assert before < task["next_fire"] <= after + 1
     assert task["next_fire"] == int(task["next_fire"])
     assert [r["outcome"] for r in shown["runs"]] == ["ran"]
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of the running processes that mention ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # not a process, or it ended meanwhile
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+def test_demo_runs_each_occurrence_once_and_says_where_its_runs_are() -> None:
+    done = tenure("demo", "--instances", "2", "--seconds", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = re.search(r"occurrences: (\d+)  runs: (\d+)  duplicates: 0  missing: 0", done.stdout)
+    assert said is not None and int(said[1]) >= 2 and said[1] == said[2], done.stdout
+    url = re.search(r"tenure tasks --url (sqlite://\S+)", done.stdout)
+    workdir = re.search(r"rm -r (\S+)", done.stdout)
+    assert url is not None and workdir is not None, done.stdout
+    try:
+        shown = tenure("tasks", "--url", url[1])
+        assert shown.returncode == 0 and "demo.tick" in shown.stdout
+    finally:
+        shutil.rmtree(workdir[1])
+
+
+@pytest.mark.parametrize(
+    ("stop", "group", "status"),
+    [(signal.SIGTERM, False, 0), (signal.SIGINT, False, 130), (signal.SIGINT, True, 130)],
+    ids=["sigterm-to-its-pid", "sigint-to-its-pid", "ctrl-c-to-the-process-group"],
+)
+def test_demo_stops_on_a_signal_with_its_summary_and_leaves_no_process(
+    stop: signal.Signals, group: bool, status: int
+) -> None:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenure", "demo", "--instances", "3", "--seconds", "60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives it
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:  # until the first run shows: the instances are up
+            lines.append(line)
+            if "ran it" in line:
+                break
+        else:
+            pytest.fail("the demo showed no run: " + "".join(lines))
+        store = re.search(r"on (sqlite://\S+)", lines[0])
+        assert store is not None, lines[0]
+        assert len(_processes_naming(store[1])) == 3, "its three instances run"
+        if group:
+            os.killpg(proc.pid, stop)
+        else:
+            proc.send_signal(stop)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == status, out + err
+    assert err == "", "no tracebacks, no broken pipes"
+    assert f"stopped by {stop.name}; so far:" in out
+    assert re.search(r"occurrences: \d+  runs: \d+  duplicates: 0", out), out
+    assert _processes_naming(store[1]) == [], "no instance left running"
+    workdir = re.search(r"rm -r (\S+)", out)
+    assert workdir is not None, out
+    shutil.rmtree(workdir[1])

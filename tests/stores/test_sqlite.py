@@ -345,3 +345,23 @@ def test_processes_opening_a_new_file_together_wait_for_its_wal_switch(tmp_path:
         lock = locks.acquire("first", ttl=5)
         assert lock is not None and lock.release()
     other.close()
+
+
+def test_create_false_refuses_a_missing_file_and_creates_nothing(tmp_path: Path) -> None:
+    from tenure.stores import for_reading, from_url
+
+    missing = tmp_path / "typo.db"
+    url = f"sqlite://{missing}?prefix=app"
+    with pytest.raises(ConfigurationError, match="does not exist; check the path"):
+        from_url(for_reading(url))
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        SQLiteStore(missing, create=False)
+    assert list(tmp_path.iterdir()) == []
+    assert for_reading(url) == f"sqlite://{missing}?prefix=app&create=false"
+    assert for_reading(f"sqlite://{missing}") == f"sqlite://{missing}?create=false"
+    assert for_reading("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    made = from_url(url)  # a store that writes creates the file
+    asyncio.run(made.aclose())
+    opened = from_url(for_reading(url + "&create=true"))  # the reading one wins
+    assert isinstance(opened, SQLiteStore) and opened.prefix == "app"
+    asyncio.run(opened.aclose())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+import textwrap
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -18,9 +19,29 @@ from .common import load_scheduler, stamp, url_of
 T = TypeVar("T")
 
 
-def fit(text: str, width: int) -> str:
-    """``text`` in at most ``width`` columns: cut, with an ellipsis, when longer."""
-    return text if len(text) <= width else text[: width - 1] + "…"
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: int = 0) -> list[str]:
+    """The lines of ``rows`` under ``header``, each column as wide as its
+    widest cell: nothing is ever cut (a cut lock or task name misleads in an
+    incident). The last ``right`` columns are right-aligned."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    first_right = len(header) - right
+    return [
+        "  ".join(
+            cell.rjust(width) if i >= first_right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+def note(label: str, text: str) -> str:
+    """A long field (an error, a reason) as lines of its own under its row:
+    wrapped at 80 columns, not cut."""
+    return textwrap.fill(text, 80, initial_indent=f"    {label}: ", subsequent_indent=" " * 6)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 async def _read(url: str, read: Callable[[Store], Awaitable[T]]) -> T:
@@ -37,9 +58,9 @@ async def tasks(
 ) -> None:
     scheduler = None
     if app is not None:
-        scheduler, locks = load_scheduler(app, url)
+        scheduler, locks = load_scheduler(app, url, reading=True)
     else:
-        locks = LockService.from_url(url_of(url))
+        locks = LockService.from_url(url_of(url, reading=True))
     async with locks:
         records = await locks.store.runlog.runs(task, limit)
     defined = defined_tasks(scheduler, task)
@@ -48,29 +69,28 @@ async def tasks(
         print(json.dumps({"tasks": defined, "runs": runs} if app else runs, indent=2))
         return
     if defined:
-        # 80 columns: task 24, expression 24, next fire 19 (UTC).
-        print(f"{'task':<24} {'expression':<24} {'next fire (UTC)':<19} {'tz'}")
-        for d in defined:
-            fire = datetime.fromtimestamp(d["next_fire"], UTC).strftime("%Y-%m-%d %H:%M:%S")
-            line = f"{d['task'][:24]:<24} {d['expression'][:24]:<24} {fire:<19} {d['tz']}"
-            print(line[:80])
+        plan = [(d["task"], d["expression"], _when(d["next_fire"]), d["tz"]) for d in defined]
+        print("\n".join(table(("task", "expression", "next fire (UTC)", "tz"), plan)))
         print()
     if not records:
         print("no run records")
         return
-    # 80 columns: task 20, occurrence 19, instance 18, duration 7, outcome and error.
-    print(f"{'task':<20} {'occurrence (UTC)':<19} {'instance':<18} {'took':>7} outcome")
-    for r in records:
-        fire = (
-            datetime.fromtimestamp(r.fire_time, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            if r.fire_time is not None
-            else "manual"
+    rows = [
+        (
+            r.task,
+            "manual" if r.fire_time is None else _when(r.fire_time),
+            r.instance,
+            "-" if r.ended is None else f"{r.ended - r.started:.2f}s",
+            str(r.outcome),
         )
-        took = f"{r.ended - r.started:6.2f}s" if r.ended is not None else "-"
-        line = f"{r.task[:20]:<20} {fire:<19} {r.instance[:18]:<18} {took:>7} {r.outcome}"
+        for r in records
+    ]
+    head, *lines = table(("task", "occurrence (UTC)", "instance", "took", "outcome"), rows)
+    print(head)
+    for line, r in zip(lines, records, strict=True):
+        print(line)
         if r.error:
-            line += f": {r.error}"
-        print(fit(line, 80))
+            print(note("error", r.error))
 
 
 async def locks(url: str, prefix: str, as_json: bool) -> None:
@@ -81,13 +101,18 @@ async def locks(url: str, prefix: str, as_json: bool) -> None:
     if not infos:
         print(f"no lock is held{f' with a name starting {prefix!r}' if prefix else ''}")
         return
-    # 80 columns: name 22, holder 20, fencing token 16, acquired 8, expires in 8.
-    print(f"{'lock':<22} {'holder':<20} {'fencing token':>16} {'acquired':<8} {'expires':>8}")
-    for i in infos:
-        name = fit(i.name, 22)
-        holder = fit(i.holder, 20)
-        at = stamp(i.acquired_at) if i.acquired_at is not None else "?"
-        print(f"{name:<22} {holder:<20} {i.fencing_token:>16} {at:<8} {i.expires_in:>7.1f}s")
+    rows = [
+        (
+            i.name,
+            i.holder,
+            str(i.fencing_token),
+            stamp(i.acquired_at) if i.acquired_at is not None else "?",
+            f"{i.expires_in:.1f}s",
+        )
+        for i in infos
+    ]
+    header = ("lock", "holder", "fencing token", "acquired", "expires in")
+    print("\n".join(table(header, rows, right=3)))
     print(f"{len(infos)} held; times UTC")
 
 
@@ -100,14 +125,10 @@ async def forced(url: str, prefix: str, as_json: bool) -> None:
     if not records:
         print(f"no forced release recorded{f' of a lock starting {prefix!r}' if prefix else ''}")
         return
-    # 80 columns: when 19, lock 18, evicted 20, freed by; the reason on a line of its own.
-    print(f"{'when (UTC)':<19} {'lock':<18} {'evicted':<20} freed by")
-    for r in records:
-        when = datetime.fromtimestamp(r.at, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        name = fit(r.name, 18)
-        evicted = fit(r.evicted, 20)
-        line = f"{when:<19} {name:<18} {evicted:<20} {r.operator}"
-        print(fit(line, 80))
+    rows = [(_when(r.at), r.name, r.evicted, r.operator) for r in records]
+    head, *lines = table(("when (UTC)", "lock", "evicted", "freed by"), rows)
+    print(head)
+    for line, r in zip(lines, records, strict=True):
+        print(line)
         if r.reason:
-            why = f"    why: {r.reason}"
-            print(fit(why, 80))
+            print(note("why", r.reason))

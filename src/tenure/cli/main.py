@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from .. import __version__
 from ..errors import ConfigurationError, TenureError
 from .common import serve_app, url_of
 from .demo import demo, demo_instance
@@ -21,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tenure", description="Distributed locks and cluster-safe cron."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"tenure {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser(
         "demo", help="several instances, one every-second task: each occurrence runs once"
     )
@@ -83,46 +85,62 @@ def _parser() -> argparse.ArgumentParser:
         "schema", help="print the SQL that creates tenure's PostgreSQL tables, to run by hand"
     )
     p.add_argument("--url")
-    p = sub.add_parser("_instance", help=argparse.SUPPRESS)
-    p.add_argument("--url", required=True)
-    p.add_argument("--index", type=int, required=True)
-    p.add_argument("--seconds", type=float, required=True)
-    p.add_argument("--offset", type=float, default=0.0)
     return parser
 
 
+def _instance_parser() -> argparse.ArgumentParser:
+    """``tenure _instance``: one of ``tenure demo``'s processes. Parsed on its
+    own, so that ``tenure --help`` lists only what a user types."""
+    parser = argparse.ArgumentParser(prog="tenure _instance")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--offset", type=float, default=0.0)
+    return parser
+
+
+def _release(args: argparse.Namespace) -> int:
+    if not args.force:
+        raise ConfigurationError(
+            f"tenure release frees {args.name!r} from whoever holds it; "
+            "add --force if you know its holder is gone"
+        )
+    url = url_of(args.url, reading=True)
+    return asyncio.run(force_release(url, args.name, args.yes, args.reason))
+
+
+def _command(args: argparse.Namespace) -> int | None:
+    """Run the parsed command; its exit status (None: 0)."""
+    listing = forced if getattr(args, "forced", False) else locks
+    commands: dict[str, Callable[[], int | None]] = {
+        "demo": lambda: demo(args.instances, args.seconds, args.url, args.skew),
+        "run": lambda: asyncio.run(serve_app(args.target, args.url)),
+        "locks": lambda: asyncio.run(
+            listing(url_of(args.url, reading=True), args.prefix, args.json)
+        ),
+        "release": lambda: _release(args),
+        "web": lambda: asyncio.run(web(args.url, args.host, args.port, args.app)),
+        "doctor": lambda: asyncio.run(doctor(url_of(args.url, reading=True))),
+        "tasks": lambda: asyncio.run(tasks(args.url, args.task, args.limit, args.json, args.app)),
+        "schema": lambda: schema(url_of(args.url)),
+        "_instance": lambda: asyncio.run(
+            demo_instance(args.url, args.index, args.seconds, args.offset)
+        ),
+    }
+    return commands[args.command]()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["_instance"]:
+        args = _instance_parser().parse_args(argv[1:])
+        args.command = "_instance"
+    else:
+        args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return demo(args.instances, args.seconds, args.url, args.skew)
-        if args.command == "run":
-            asyncio.run(serve_app(args.target, args.url))
-        elif args.command == "locks":
-            if args.forced:
-                asyncio.run(forced(url_of(args.url), args.prefix, args.json))
-            else:
-                asyncio.run(locks(url_of(args.url), args.prefix, args.json))
-        elif args.command == "release":
-            if not args.force:
-                raise ConfigurationError(
-                    f"tenure release frees {args.name!r} from whoever holds it; "
-                    "add --force if you know its holder is gone"
-                )
-            return asyncio.run(force_release(url_of(args.url), args.name, args.yes, args.reason))
-        elif args.command == "web":
-            asyncio.run(web(args.url, args.host, args.port, args.app))
-        elif args.command == "doctor":
-            return asyncio.run(doctor(url_of(args.url)))
-        elif args.command == "tasks":
-            asyncio.run(tasks(args.url, args.task, args.limit, args.json, args.app))
-        elif args.command == "schema":
-            schema(url_of(args.url))
-        elif args.command == "_instance":
-            asyncio.run(demo_instance(args.url, args.index, args.seconds, args.offset))
+        return _command(args) or 0
     except TenureError as exc:
         print(f"tenure: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0

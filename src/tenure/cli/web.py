@@ -16,10 +16,10 @@ async def web(url: str | None, host: str, port: int, app: str | None) -> None:
         raise ConfigurationError(f"tenure web needs {exc.name}: pip install 'tenure[web]'") from exc
     scheduler = None
     if app is not None:
-        scheduler, locks = load_scheduler(app, url)
+        scheduler, locks = load_scheduler(app, url, reading=True)
         store = locks.store
     else:
-        store = store_from_url(url_of(url))
+        store = store_from_url(url_of(url, reading=True))
     config = uvicorn.Config(
         make_app(store, scheduler), host=host, port=port, log_level="warning", lifespan="on"
     )

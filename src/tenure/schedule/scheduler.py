@@ -53,6 +53,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
@@ -133,6 +134,9 @@ class Scheduler:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self.cancelled = 0
+        """Runs that ``serve()`` cancelled when it last stopped, because they were
+        still going ``shutdown_timeout`` seconds after ``stop()``."""
 
     def cron(
         self,
@@ -195,7 +199,7 @@ class Scheduler:
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            await self._drain()
+            self.cancelled = await self._drain()
             await self.tasks.flush_missed(self.shutdown_timeout)
             self.tasks.threads.shutdown()
             self._loop = self._wake = None
@@ -247,6 +251,16 @@ class Scheduler:
             # run what fell due before it was up (no backfill).
             heap.append((task.schedule.next_after(start), task.name))
         heapq.heapify(heap)
+        if heap:
+            fire, name = heap[0]
+            log.info(
+                "serving %d task(s) on %s as %s; first due: %r at %s UTC",
+                len(heap),
+                self.locks.store.describe(),
+                self.locks.holder,
+                name,
+                datetime.fromtimestamp(fire, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            )
         due: list[tuple[str, float]] = []
         while not self._stopping and heap:
             now = self.clock()
@@ -308,9 +322,9 @@ class Scheduler:
         except Exception:
             log.exception("task %r (occurrence %s) failed", name, occurrence)
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> int:
         """Wait up to ``shutdown_timeout`` for the runs (and the runs that the
-        ticks still starting start), then cancel what is left."""
+        ticks still starting start), then cancel what is left; how many."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.shutdown_timeout
         while self._running:
@@ -327,4 +341,5 @@ class Scheduler:
                 self.shutdown_timeout,
             )
             await asyncio.gather(*pending, return_exceptions=True)
-            return
+            return len(pending)
+        return 0

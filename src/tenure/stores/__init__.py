@@ -20,6 +20,7 @@ __all__ = (
     "LeaseInfo",
     "RenewItem",
     "Store",
+    "for_reading",
     "from_url",
     "known_schemes",
     "mask_url",
@@ -46,6 +47,13 @@ def known_schemes() -> tuple[str, ...]:
 def from_url(url: str) -> Store:
     """Open the store a URL names. Raises ConfigurationError for a bad URL."""
     return store_class(url).from_url(url)
+
+
+def for_reading(url: str) -> str:
+    """The URL as read-only tools open it: storage that is not there (a
+    mistyped SQLite path) is a ConfigurationError, never created empty. See
+    :meth:`Store.for_reading`."""
+    return store_class(url).for_reading(url)
 
 
 def store_class(url: str) -> type[Store]:

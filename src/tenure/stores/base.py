@@ -204,6 +204,15 @@ class Store(ABC):
         options, a local file), so that misconfiguration fails at start-up.
         """
 
+    @classmethod
+    def for_reading(cls, url: str) -> str:
+        """``url``, changed so that opening it creates no storage that is not
+        there yet: what read-only tools (``tenure locks``, ``tasks``, ``doctor``,
+        ``web``) open, so that a mistyped location fails instead of reading as
+        empty. The default returns ``url``: a server's store is there when the
+        server is (SQLite overrides it: a missing file is an error)."""
+        return url
+
     @property
     @abstractmethod
     def runlog(self) -> RunLog:

@@ -9,7 +9,9 @@ URL forms::
 Options: ``prefix`` names the tables (``<prefix>_leases`` ...; default
 ``tenure``), ``busy_timeout`` is how long, in seconds, a statement waits for
 another process's write (default 2), ``synchronous`` is ``normal`` (default)
-or ``full``.
+or ``full``, ``create`` (default true) whether a file that does not exist is
+created: with ``create=false`` it is a ConfigurationError instead (what the
+read-only commands open, so that a mistyped path is not read as empty).
 
 How it stays correct
 --------------------
@@ -97,6 +99,7 @@ class SQLiteStore(Store):
         prefix: str = "tenure",
         busy_timeout: float = 2.0,
         synchronous: str = "normal",
+        create: bool = True,
     ) -> None:
         if not _PREFIX_RE.match(prefix):
             raise ConfigurationError(
@@ -121,6 +124,11 @@ class SQLiteStore(Store):
             describe=self.describe(),
         )
         self.db.check_path()
+        if not create and not self.path.exists():
+            raise ConfigurationError(
+                f"SQLite database {str(self.path)!r} does not exist; check the path (it is "
+                "created by what writes to it: your application, tenure run or tenure demo)"
+            )
         self.sql = Statements(prefix)
         self._notifier = Notifier()
         self._plain = PlainCalls(self.db, self.sql, self._notifier)
@@ -142,9 +150,15 @@ class SQLiteStore(Store):
                 f"SQLite URL {url!r} names no file; write 'sqlite:///absolute/path.db' "
                 "or 'sqlite:relative/path.db'"
             )
-        known = {"prefix": str, "busy_timeout": float, "synchronous": str}
+        known = {"prefix": str, "busy_timeout": float, "synchronous": str, "create": bool}
         ours, _ = options("SQLite", parts.query, known, others=False)
         return cls(parts.path, **ours)
+
+    @classmethod
+    def for_reading(cls, url: str) -> str:
+        base, mark, query = url.partition("?")
+        # Last wins among repeated options: this one overrides a create=true.
+        return f"{base}?{query}&create=false" if mark and query else f"{base}?create=false"
 
     def describe(self) -> str:
         return f"sqlite://{self.path}" if self.path.is_absolute() else f"sqlite:{self.path}"
