@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine, then runs it.
 # Usage: bash scripts/test.sh [pytest arguments]
+#
+# Needs: Python 3.11+ (PYTHON=... picks one), and root or sudo to install the
+# Debian packages of the servers the tests start throwaway instances of (only
+# those missing: redis-server redis-sentinel postgresql pgbouncer etcd-server
+# etcd-client chromium chromium-driver, without their recommended packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Servers the tests start throwaway instances of (Debian packages; root or sudo).
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 # PostgreSQL's initdb/postgres live in /usr/lib/postgresql/N/bin, off PATH.
@@ -17,18 +21,24 @@ command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
-    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || {
+            echo "the tests need these Debian packages: ${missing[*]}; run as root or install sudo" >&2
+            exit 1
+        }
+        SUDO="sudo"
+    fi
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq "${missing[@]}"
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+source scripts/venv.sh -e . --group test
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+# The suite fails, rather than skips, a test whose browser or server is missing.
+export TENURE_REQUIRE_ALL=1
 exec .venv/bin/pytest "$@"

@@ -109,7 +109,11 @@ async def test_the_api_serves_holders_and_tasks_without_tokens(web: tuple[str, s
     assert refused.stdout == "405", "read-only: nothing but GET"
 
 
-@pytest.mark.skipif(shutil.which("chromedriver") is None, reason="needs Debian's chromium-driver")
+@pytest.mark.skipif(
+    shutil.which("chromedriver") is None and not os.environ.get("TENURE_REQUIRE_ALL"),
+    # Under scripts/test.sh (which installs it) a missing driver fails this test instead.
+    reason="needs Debian's chromium-driver",
+)
 async def test_the_page_renders_tasks_and_holders_in_chromium(
     web: tuple[str, str], tmp_path: Path
 ) -> None:
