@@ -160,6 +160,9 @@ def main() -> None:
         "--etcd", action="store_true", help="start a throwaway etcd cluster (the tests')"
     )
     parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
+    parser.add_argument(
+        "--chart", type=Path, metavar="SVG", help="draw the latencies as a histogram"
+    )
     args = parser.parse_args()
     if args.redis or args.postgres or args.etcd:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -176,12 +179,25 @@ def main() -> None:
             server = EtcdCluster()
             url = server.url
         try:
-            measure(url, args.n, args.rounds)
+            series = measure(url, args.n, args.rounds)
         finally:
             server.stop()
-        return
-    url = args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
-    measure(url, args.n, args.rounds)
+    else:
+        url = args.url or f"sqlite://{tempfile.mkdtemp(prefix='tenure-bench-')}/handoff.db"
+        series = measure(url, args.n, args.rounds)
+    if args.chart is not None:
+        from charts import histograms
+
+        scheme = url.split(":", maxsplit=1)[0]
+        setting = " (fsync=on)" if args.fsync else ""
+        histograms(
+            args.chart,
+            f"Handoff to a waiting process, {scheme}{setting}",
+            "ms",
+            series,
+            note="release sent to the waiter's grant; bench/handoff.py",
+        )
+        print(f"chart: {args.chart}")
 
 
 def run_tenure(url: str, n: int) -> list[float]:
@@ -204,21 +220,22 @@ def run_peer(url: str, n: int) -> list[float]:
     return latencies
 
 
-def measure(url: str, n: int, rounds: int) -> None:
+def measure(url: str, n: int, rounds: int) -> dict[str, list[float]]:
+    """Measure and print; the latencies (ms) by contender."""
     scheme = url.split(":", maxsplit=1)[0]
     if url.startswith(("postgres://", "postgresql://")):
-        against(url, n, rounds, run_floor, "durable commit + NOTIFY")
-        return
+        return against(url, n, rounds, run_floor, "commit + NOTIFY")
     if not url.startswith(("redis://", "rediss://", "unix://")):
         print(f"handoff to a waiting process on {scheme}, {n} handoffs:")
-        report("tenure", run_tenure(url, n))
-        return
-    against(url, n, rounds, run_peer, "python-redis-lock (BLPOP)")
+        latencies = run_tenure(url, n)
+        report("tenure", latencies)
+        return {"tenure": latencies}
+    return against(url, n, rounds, run_peer, "python-redis-lock (BLPOP)")
 
 
 def against(
     url: str, n: int, rounds: int, other: Callable[[str, int], list[float]], label: str
-) -> None:
+) -> dict[str, list[float]]:
     """tenure's handoff and ``other``'s in alternating rounds, the order swapped each round."""
     scheme = url.split(":", maxsplit=1)[0]
     per_round = max(1, n // rounds)
@@ -239,6 +256,7 @@ def against(
     shown = " ".join(f"{r:.2f}" for r in ratios)
     print(f"  tenure / {label}, median per round: {shown}")
     print(f"  (median of the rounds: {statistics.median(ratios):.2f}x)")
+    return {"tenure": ours, label: theirs}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
     python bench/load.py --smoke              a few iterations of everything (the test suite)
     python bench/load.py --parts herd         only some of burst, herd, scheduler
     python bench/load.py --instances 1        the scheduler on one instance (3 by default)
+    python bench/load.py --chart docs/img/scheduler-lateness.svg   and its lateness, drawn
 
 Each store is a throwaway server started here (PostgreSQL with ``fsync=off``
 and etcd with ``--unsafe-no-fsync``, as the tests run them, unless
@@ -181,8 +182,9 @@ async def scheduler_load(
     *,
     warmup: float,
     apscheduler: bool = False,
-) -> str:
-    """Run the instances side by side; one line of figures.
+) -> tuple[str, list[float]]:
+    """Run the instances side by side; one line of figures, and the steady
+    state's lateness of every run, in ms (for ``--chart``).
 
     They serve ``warmup + seconds``: every occurrence of both counts for
     missing and doubled, the lateness of the last ``seconds`` is the steady
@@ -230,7 +232,7 @@ async def scheduler_load(
     if not apscheduler:
         calls = max(sum(r["store_calls"].values()) / max(r["ticks"], 1) for r in results)
         line += f"; {calls:.1f} store calls per tick (busiest instance)"
-    return line
+    return line, [x * 1000 for x in late if not math.isnan(x)]
 
 
 def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
@@ -257,7 +259,9 @@ def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
 
 async def measure(
     name: str, url: str, smoke: bool, fsync: bool, parts: set[str], *, instances: int = 3
-) -> None:
+) -> list[float]:
+    """Measure ``parts`` on one store, printing the figures; the scheduler's
+    steady-state lateness in ms (empty without that part)."""
     levels = (1, 10) if smoke else (1, 10, 100, 500)
     total = 40 if smoke else 4000
     herd_size = 10 if smoke else 500
@@ -308,8 +312,10 @@ async def measure(
                 )
     if "scheduler" in parts:
         tasks, seconds, warmup = SCHEDULER_SMOKE if smoke else SCHEDULER
-        result = await scheduler_load(url, tasks, seconds, instances, warmup=warmup)
+        result, late = await scheduler_load(url, tasks, seconds, instances, warmup=warmup)
         print(f"scheduler: {tasks} tasks x {instances} instance(s): {result}")
+        return late
+    return []
 
 
 def main() -> None:
@@ -326,21 +332,44 @@ def main() -> None:
         default=3,
         help="scheduler instances (processes) per store; 1 compares like for like with APScheduler",
     )
+    parser.add_argument(
+        "--chart", type=Path, metavar="SVG", help="draw the scheduler's lateness as a histogram"
+    )
     args = parser.parse_args()
     if args.instances < 1:
         parser.error(f"--instances must be at least 1, got {args.instances}")
     parts = set(args.parts.split(","))
     if not parts <= {"burst", "herd", "scheduler"}:
         parser.error(f"--parts takes burst, herd and scheduler, got {args.parts!r}")
+    if args.chart is not None and "scheduler" not in parts:
+        parser.error("--chart draws the scheduler's lateness: include scheduler in --parts")
     tasks, seconds, warmup = SCHEDULER_SMOKE if args.smoke else SCHEDULER
+    aps_late: list[float] = []
     if "scheduler" in parts:
         print("\n## APScheduler 3 (one process, not cluster-safe)")
-        aps = asyncio.run(scheduler_load("", tasks, seconds, 1, warmup=warmup, apscheduler=True))
+        aps, aps_late = asyncio.run(
+            scheduler_load("", tasks, seconds, 1, warmup=warmup, apscheduler=True)
+        )
         print(f"scheduler: {tasks} tasks x 1 instance: {aps}")
+    lateness: dict[str, list[float]] = {}
     with ExitStack() as stack:
         urls = servers(args.stores.split(","), args.fsync, stack)
         for name, url in urls.items():
-            asyncio.run(measure(name, url, args.smoke, args.fsync, parts, instances=args.instances))
+            lateness[f"tenure, {name}, {args.instances} instances"] = asyncio.run(
+                measure(name, url, args.smoke, args.fsync, parts, instances=args.instances)
+            )
+    if args.chart is not None:
+        from charts import histograms
+
+        lateness["APScheduler 3, one process"] = aps_late
+        histograms(
+            args.chart,
+            f"Scheduler lateness: {tasks:,} every-second tasks",
+            "ms",
+            lateness,
+            note="lateness = the task's first line minus its fire time; bench/load.py",
+        )
+        print(f"\nchart: {args.chart}")
 
 
 if __name__ == "__main__":

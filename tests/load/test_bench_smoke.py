@@ -10,9 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_load_benchmark_runs_on_every_store() -> None:
+def test_the_load_benchmark_runs_on_every_store(tmp_path: Path) -> None:
+    chart = tmp_path / "lateness.svg"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "load.py"), "--smoke"],
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--smoke", "--chart", str(chart)],
         check=False,
         capture_output=True,
         text=True,
@@ -27,3 +28,9 @@ def test_the_load_benchmark_runs_on_every_store() -> None:
     assert done.stdout.count("herd: 10 waiters") == 4
     # The scheduler section: APScheduler and each store, nothing missing or doubled.
     assert done.stdout.count("missing 0, doubled 0") == 5, done.stdout
+    # The chart of the site's benchmarks page: one histogram per contender.
+    drawn = chart.read_text()
+    assert drawn.startswith("<?xml") and "<svg" in drawn
+    for store in ("sqlite", "redis", "postgres", "etcd"):
+        assert f"tenure, {store}, 3 instances: median" in drawn
+    assert "APScheduler 3, one process: median" in drawn
