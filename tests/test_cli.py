@@ -143,6 +143,24 @@ async def test_tasks_text_never_cuts_a_name_a_zone_or_an_error(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("args", "says"),
     [
+        (("demo", "--instances", "0"), "argument --instances: must be at least 1, got 0"),
+        (("demo", "--seconds", "-2"), "argument --seconds: must be a positive number of seconds"),
+        (("tasks", "--limit", "many"), "argument --limit: expected a whole number, got 'many'"),
+        (("web", "--port", "99999"), "argument --port: a TCP port is 1-65535, got 99999"),
+        (("bogus",), "invalid choice: 'bogus'"),
+    ],
+)
+def test_bad_arguments_get_the_usage_and_what_was_wrong(args: tuple[str, ...], says: str) -> None:
+    result = tenure(*args, "--url", "memory://") if args[0] != "bogus" else tenure(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: tenure")
+    assert says in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
         (("tasks",), "no store URL"),
         (
             ("tasks", "--url", "mysql://u:secret@h/db"),
@@ -152,7 +170,6 @@ async def test_tasks_text_never_cuts_a_name_a_zone_or_an_error(tmp_path: Path) -
         (("run", "no_such_module_xyz:app", "--url", "memory://"), "cannot import"),
         (("run", "tests.helpers.cli_app:missing", "--url", "memory://"), "no attribute"),
         (("run", "tests.helpers.cli_app:not_a_scheduler"), "neither a Scheduler"),
-        (("demo", "--instances", "0"), "--instances"),
     ],
 )
 def test_errors_are_one_clear_line(args: tuple[str, ...], says: str) -> None:

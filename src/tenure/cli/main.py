@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -18,6 +19,33 @@ from .release import force_release
 from .web import web
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _at_least_one(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tenure", description="Distributed locks and cluster-safe cron."
@@ -27,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="several instances, one every-second task: each occurrence runs once"
     )
-    p.add_argument("--instances", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--instances", type=_at_least_one, default=3)
+    p.add_argument("--seconds", type=_positive_seconds, default=10.0)
     p.add_argument("--url", help="store URL (default: a temporary SQLite file)")
     p.add_argument(
         "--skew",
@@ -67,14 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("web", help="a read-only page of tasks and holders that refreshes itself")
     p.add_argument("--url")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
-    p.add_argument("--port", type=int, default=8477)
+    p.add_argument("--port", type=_port, default=8477)
     p.add_argument(
         "--app", metavar="MODULE:ATTR", help="your Scheduler, for expressions and next fires"
     )
     p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
     p.add_argument("--url")
     p.add_argument("--task")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=_at_least_one, default=20, help="at most this many runs")
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--app",
@@ -137,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command = "_instance"
     else:
         args = _parser().parse_args(argv)
+    if args.command not in ("run", "_instance"):
+        # A one-shot command says a failure once, in its own words; the
+        # PostgreSQL pool's own warnings (one per connection attempt) would
+        # come first. A served scheduler keeps them: they belong in its logs.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     try:
         return _command(args) or 0
     except TenureError as exc:
