@@ -4,7 +4,7 @@
 #
 # Needs: Python 3.11+ (PYTHON=... picks one), and root or sudo to install the
 # Debian packages of the servers the tests start throwaway instances of (only
-# those missing: redis-server redis-sentinel postgresql pgbouncer etcd-server
+# those missing: redis-server postgresql pgbouncer etcd-server
 # etcd-client chromium chromium-driver, without their recommended packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."

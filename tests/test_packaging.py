@@ -3,6 +3,7 @@ virtual environment outside the repository, and used from there."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -84,3 +85,29 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path: Path) -> N
     where, token = acquired.stdout.split()
     assert where.startswith(str(env)), "the installed package, not the repository's"
     assert int(token) >= 1
+
+
+def test_the_set_up_scripts_refuse_a_python_too_old_and_make_no_venv(tmp_path: Path) -> None:
+    (tmp_path / "scripts").mkdir()
+    for script in ("demo.sh", "venv.sh"):
+        (tmp_path / "scripts" / script).write_text((ROOT / "scripts" / script).read_text())
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    old = tmp_path / "python3.9"
+    # An interpreter that answers as Python 3.9 does: the version check fails.
+    old.write_text(
+        '#!/bin/sh\nif [ "$1" = -V ]; then echo "Python 3.9.2"; exit 0; fi\n'
+        'if [ "$1" = -c ]; then exit 1; fi\nexit 3\n'
+    )
+    old.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "demo.sh")],
+        env={**os.environ, "PYTHON": str(old)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "tenure needs Python 3.11 or newer" in done.stderr
+    assert "Python 3.9.2" in done.stderr and "PYTHON=" in done.stderr
+    assert not (tmp_path / ".venv").exists()
