@@ -25,6 +25,9 @@ PLACEHOLDER = "sqlite:///tmp/myapp-tenure.db"
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 NO_RUN = re.compile(r"<!-- no-run: (.+?) -->\n$")
+RUN_BY = re.compile(r"<!-- run-by: (tests/\S+\.py) .+? -->\n$")
+"""A block that a test of its own runs as a server's application (FastAPI under
+uvicorn, a Django project): that test reads it from the page."""
 
 
 class Block(NamedTuple):
@@ -33,6 +36,7 @@ class Block(NamedTuple):
     language: str
     code: str
     no_run: str | None
+    run_by: str | None
 
     def __str__(self) -> str:
         return f"{self.page}:{self.line}"
@@ -45,6 +49,7 @@ def _blocks() -> list[Block]:
         for match in FENCE.finditer(text):
             before = text[: match.start()]
             marker = NO_RUN.search(before)
+            run_by = RUN_BY.search(before)
             found.append(
                 Block(
                     str(page.relative_to(ROOT)),
@@ -52,6 +57,7 @@ def _blocks() -> list[Block]:
                     match[1],
                     match[2],
                     marker[1] if marker else None,
+                    run_by[1] if run_by else None,
                 )
             )
     return found
@@ -84,6 +90,10 @@ def test_every_block_is_known_and_every_page_has_code() -> None:
 @pytest.mark.parametrize("block", PYTHON, ids=str)
 def test_python_block_runs(block: Block, tmp_path: Path) -> None:
     assert block.no_run is None, f"{block}: every Python block runs"
+    if block.run_by is not None:
+        runner = (ROOT / block.run_by).read_text()
+        assert block.page.removeprefix("docs/") in runner, f"{block.run_by} reads {block.page}"
+        return  # that test runs it, served as its framework serves it
     code = block.code.replace(PLACEHOLDER, f"sqlite://{tmp_path}/example.db")
     done = subprocess.run(
         [sys.executable, "-c", code],

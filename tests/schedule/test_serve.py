@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tenure import LockService, RunOutcome, Scheduler
+from tenure import InvalidArgument, LockService, RunOutcome, Scheduler
 from tenure.stores.memory import MemoryStore
 from tenure.stores.runlog import Claim
 
@@ -256,3 +256,50 @@ async def test_stop_while_a_tick_is_claiming_still_runs_what_it_won() -> None:
         await asyncio.wait_for(serving, 10)
         assert sorted(ran) == ["t0", "t1", "t2"], "each won occurrence ran to its end"
         assert scheduler.tasks.counts[RunOutcome.RAN] == 3
+
+
+async def test_async_with_serves_in_the_background_and_stops_gracefully() -> None:
+    locks = LockService(MemoryStore())
+    scheduler = Scheduler(locks, prune=None, shutdown_timeout=5)
+    finished: list[float] = []
+
+    @scheduler.cron("* * * * * *", name="tick")
+    async def tick() -> None:
+        await asyncio.sleep(0.3)  # still running at the exit: it is waited for
+        finished.append(time.time())
+
+    async with locks, scheduler:
+        with pytest.raises(InvalidArgument, match="already serving"):
+            await scheduler.__aenter__()
+        await asyncio.sleep(2.2)
+    exited = time.time()
+    assert len(finished) >= 2, "it served in the background"
+    assert scheduler.cancelled == 0
+    records = await locks.store.runlog.runs("tick")
+    assert records and all(r.outcome == RunOutcome.RAN for r in records), records
+    assert all(r.ended is not None and r.ended <= exited for r in records)
+    await scheduler.aclose()  # not serving: nothing to do
+
+
+async def test_aclose_cancels_what_outlives_the_shutdown_timeout() -> None:
+    locks = LockService(MemoryStore())
+    scheduler = Scheduler(locks, prune=None, shutdown_timeout=0.5)
+    started = asyncio.Event()
+
+    @scheduler.cron("* * * * * *", name="forever")
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    async with locks:
+        await scheduler.__aenter__()
+        await asyncio.wait_for(started.wait(), 3)
+        before = time.monotonic()
+        await scheduler.aclose()
+        assert time.monotonic() - before < 5
+        assert scheduler.cancelled == 1
+        records = await locks.store.runlog.runs("forever")
+        # Later occurrences (if a second turned meanwhile) were skipped: its lock was held.
+        [record] = [r for r in records if r.outcome != RunOutcome.SKIPPED]
+        assert record.outcome == RunOutcome.FAILED and "cancelled" in (record.error or "")
+        assert await locks.store.holders("forever") == [], "its lock was released"

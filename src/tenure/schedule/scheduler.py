@@ -134,6 +134,8 @@ class Scheduler:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._serving: asyncio.Future[None] | None = None
+        """serve() in the background of ``async with`` (None: not serving so)."""
         self.cancelled = 0
         """Runs that ``serve()`` cancelled when it last stopped, because they were
         still going ``shutdown_timeout`` seconds after ``stop()``."""
@@ -172,6 +174,41 @@ class Scheduler:
         abandoned = await self.tasks.store_abandoned()
         removed = await self.locks.store.prune(keep_runs=self.tasks.keep_runs)
         log.debug("tenure.prune stored %d abandoned runs, removed %d entries", abandoned, removed)
+
+    async def __aenter__(self) -> Scheduler:
+        """Serve in the background of this event loop until the block ends:
+        ``async with locks, scheduler:`` is an asyncio application's (a
+        FastAPI/Starlette lifespan's) whole set-up."""
+        if self._serving is not None:
+            raise InvalidArgument("this Scheduler is already serving; enter it once")
+        self._serving = asyncio.ensure_future(self.serve())
+        self._serving.add_done_callback(self._served)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop serving in the background (``async with``'s exit): stop
+        firing, wait up to ``shutdown_timeout`` for running tasks, cancel the
+        rest, and return when ``serve()`` has. A no-op when not serving."""
+        serving, self._serving = self._serving, None
+        if serving is None:
+            return
+        self.stop()
+        try:
+            await asyncio.shield(serving)
+        except asyncio.CancelledError:
+            if not serving.done():  # our caller is cancelled: the stop still completes
+                await asyncio.gather(serving, return_exceptions=True)
+                raise
+            # serve() itself was cancelled (its loop is closing): nothing to add
+
+    def _served(self, serving: asyncio.Future[None]) -> None:
+        """Say at once when background serving ended by an error (it would
+        otherwise wait unseen for the block's end)."""
+        if not serving.cancelled() and serving.exception() is not None:
+            log.error("the scheduler stopped serving: %s", serving.exception())
 
     def stop(self) -> None:
         """Stop firing; ``serve()`` then waits for running tasks and returns. Any thread."""

@@ -1,0 +1,88 @@
+"""The FastAPI page's example, as written, under a real ``uvicorn --workers 3``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tenure.stores import from_url
+from tenure.stores.runlog import PRESENCE_PREFIX, RunOutcome, RunRecord
+
+from ..helpers.procs import ROOT
+from ..servers import free_port
+
+PAGE = ROOT / "docs/integrations/fastapi.md"
+
+
+def _example() -> str:
+    found: list[str] = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
+    [code] = found
+    return code
+
+
+async def _serving(url: str) -> set[str]:
+    store = from_url(url)
+    try:
+        return {i.name for i in await store.holders(PRESENCE_PREFIX)}
+    finally:
+        await store.aclose()
+
+
+async def _records(url: str) -> list[RunRecord]:
+    store = from_url(url)
+    try:
+        return await store.runlog.runs("app.heartbeat", limit=100)
+    finally:
+        await store.aclose()
+
+
+def test_each_occurrence_runs_once_across_three_workers(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(_example())
+    url = f"sqlite://{tmp_path}/app.db"
+    port = free_port()
+    env = dict(os.environ, TENURE_URL=url, PYTHONPATH=str(ROOT / "src"))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--workers", "3", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until the app answers: its workers are up
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/locks", timeout=2):
+                    break
+            except OSError:
+                assert server.poll() is None, server.communicate()
+                assert time.monotonic() < deadline, "uvicorn did not answer in 30 s"
+                time.sleep(0.2)
+        time.sleep(15)
+        serving = asyncio.run(_serving(url))
+        assert len(serving) == 3, f"three workers serve the scheduler: {serving}"
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0, err
+    assert "ERROR" not in err and "Traceback" not in err, err
+    assert len(re.findall(r"Finished server process \[\d+\]", err)) == 3, err
+    records = asyncio.run(_records(url))
+    fires = sorted(r.fire_time for r in records if r.fire_time is not None)
+    assert all(r.outcome == RunOutcome.RAN for r in records), records
+    assert len(fires) == len(set(fires)), "no occurrence ran twice"
+    assert len(fires) >= 14
+    assert fires == [fires[0] + i for i in range(len(fires))], "none missing"
+    printed = re.findall(r"heartbeat for (\S+) in worker \d+", out)
+    assert sorted(float(f) for f in printed) == fires
