@@ -13,8 +13,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server
-matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: searchable, and smaller
 import matplotlib.pyplot as plt  # after the backend is chosen
+
+plt.rcParams["svg.fonttype"] = "none"  # text as text: searchable, and smaller
 
 
 def histograms(

@@ -258,3 +258,101 @@ async def test_a_lost_lock_is_recorded_as_lost(scheduler: Scheduler, locks: Lock
     assert record.error is not None
     assert "lost" in record.error
     assert scheduler.tasks.counts[RunOutcome.LOST] == 1
+
+
+def test_intervals_count_from_the_unix_epoch() -> None:
+    from tenure.schedule.interval import IntervalSchedule
+
+    quarter = IntervalSchedule(900)
+    assert quarter.expr == "every 15m" and str(quarter.tz) == "UTC"
+    t = 1_700_000_123.4  # 2023-11-14 22:15:23.4 UTC
+    assert quarter.next_after(t) == 1_700_000_100 + 900
+    assert quarter.latest_at_or_before(t) == 1_700_000_100
+    assert quarter.next_after(1_700_000_100) == 1_700_001_000, "strictly after"
+    assert quarter.latest_at_or_before(1_700_000_100) == 1_700_000_100, "at or before"
+    tenth = IntervalSchedule(0.1)  # division rounds; the fire times still step exactly
+    fire = 1_700_000_000.0
+    for _ in range(50):
+        following = tenth.next_after(fire)
+        assert fire < following <= fire + 0.1 + 1e-6
+        assert tenth.latest_at_or_before(following) == following
+        fire = following
+    assert IntervalSchedule(5400).expr == "every 1h30m"
+    assert IntervalSchedule(45).expr == "every 45s"
+
+
+def test_every_registers_an_interval_task(scheduler: Scheduler) -> None:
+    @scheduler.every(minutes=1, seconds=30, name="sweep")
+    async def sweep() -> None: ...
+
+    task = scheduler.tasks["sweep"]
+    assert task.schedule.expr == "every 1m30s"
+    assert task.schedule.next_after(90.0) == 180.0
+    scheduler.add(noop, every=2, name="added")
+    assert scheduler.tasks["added"].schedule.next_after(3) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"seconds": 0}, "needs a positive interval"),
+        ({"seconds": -5}, r"every\(seconds=...\) must be finite and not negative, got -5"),
+        ({"minutes": float("inf")}, r"every\(minutes=...\) must be finite"),
+        ({"hours": float("nan")}, r"every\(hours=...\) must be finite"),
+        ({"seconds": "30"}, r"every\(seconds=...\) must be a number, got '30'"),
+    ],
+)
+def test_bad_intervals_fail_at_registration(
+    scheduler: Scheduler, kwargs: dict[str, object], says: str
+) -> None:
+    before = len(scheduler.tasks)
+    with pytest.raises(InvalidArgument, match=says):
+        scheduler.every(**kwargs)(noop)  # type: ignore[arg-type]
+    assert len(scheduler.tasks) == before
+
+
+def test_an_interval_and_a_cron_expression_do_not_mix(scheduler: Scheduler) -> None:
+    before = len(scheduler.tasks)
+    with pytest.raises(
+        InvalidArgument, match="either a cron expression or every=SECONDS, got both"
+    ):
+        scheduler.add(noop, "* * * * *", every=30, name="both")
+    with pytest.raises(InvalidArgument, match="got neither"):
+        scheduler.add(noop, name="neither")
+    with pytest.raises(InvalidArgument, match="tz='Europe/Berlin' has no meaning for every="):
+        scheduler.add(noop, every=30, tz="Europe/Berlin", name="zoned")
+    scheduler.add(noop, every=30, name="twice")
+    with pytest.raises(InvalidArgument, match="already registered"):
+        scheduler.every(seconds=30, name="twice")(noop)
+    assert len(scheduler.tasks) == before + 1
+
+
+async def test_an_interval_occurrence_runs_once_across_instances() -> None:
+    from tenure.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    ran: list[tuple[float, int]] = []
+    schedulers = []
+    for index in range(3):
+        scheduler = Scheduler(LockService(store), prune=None)
+
+        def make(i: int) -> object:
+            async def half() -> None:
+                fire = current_run().fire_time
+                assert fire is not None
+                ran.append((fire, i))
+
+            return half
+
+        scheduler.add(make(index), every=0.5, name="half")  # type: ignore[arg-type]
+        schedulers.append(scheduler)
+    serving = [asyncio.ensure_future(s.serve()) for s in schedulers]
+    await asyncio.sleep(3.2)
+    for scheduler in schedulers:
+        scheduler.stop()
+    await asyncio.gather(*serving)
+    fires = sorted(fire for fire, _ in ran)
+    assert len(fires) >= 5
+    assert len(fires) == len(set(fires)), "each occurrence once"
+    assert all(fire * 2 == int(fire * 2) for fire in fires), "on the half seconds"
+    assert fires == [fires[0] + 0.5 * i for i in range(len(fires))], "none missing"

@@ -186,7 +186,7 @@ async def test_clock_skew_against_the_store_is_measured_and_warned_once(
                 await asyncio.sleep(0.3)
                 scheduler.stop()
                 await serving
-            ahead._judge_skew(5.1)  # a later measurement, barely changed: no repeat
+            ahead._skew.judge(5.1)  # a later measurement, barely changed: no repeat
     assert ahead.skew is not None and 4.9 < ahead.skew < 5.2
     assert in_sync.skew is not None and abs(in_sync.skew) < 0.5
     warnings = [r.getMessage() for r in caplog.records if "clock is" in r.getMessage()]

@@ -8,7 +8,7 @@ import textwrap
 import time
 
 from ..errors import ConfigurationError, StoreUnavailable, TenureError
-from ..schedule.scheduler import SKEW_WARNING
+from ..schedule.skew import SKEW_WARNING
 from ..stores import from_url as store_from_url
 from ..stores import store_class
 from ..stores.base import PrintsSchema

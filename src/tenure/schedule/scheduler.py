@@ -57,10 +57,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
-from ..errors import InvalidArgument, LockLost, TenureError
-from ..events import Event, EventKind
+from ..errors import InvalidArgument, LockLost
 from ..locks import LockService
 from ..stores.runlog import PRESENCE_TTL
+from .interval import interval_seconds
+from .skew import SKEW_WARNING, SkewWatch
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
 
 __all__ = ("Scheduler",)
@@ -71,13 +72,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PRUNE_TASK = "tenure.prune"
 MAX_SLEEP = 1.0
-SKEW_WARNING = 1.0
-"""Seconds of clock skew against the store past which the scheduler (and ``tenure
-doctor``) warns."""
 PRESENCE_READY = 2.0
 """Seconds ``serve()`` waits for the presence lease before its first tick."""
-SKEW_CHECK = 300.0
-"""Seconds between two measurements of this instance's clock against the store's."""
 
 
 def _seconds(value: object, what: str) -> float:
@@ -115,10 +111,7 @@ class Scheduler:
         self.misfire_grace = _seconds(misfire_grace, "misfire_grace")
         self.shutdown_timeout = _seconds(shutdown_timeout, "shutdown_timeout")
         self.skew_warning = _seconds(skew_warning, "skew_warning")
-        self.skew: float | None = None
-        """This instance's clock minus the store's, in seconds, as last measured
-        (None before the first measurement, or for a store without a clock)."""
-        self._skew_said: float | None = None
+        self._skew = SkewWatch(locks, clock, self.skew_warning)
         self.tasks = ScheduledTaskStore(
             locks,
             clock=clock,
@@ -140,6 +133,12 @@ class Scheduler:
         """Runs that ``serve()`` cancelled when it last stopped, because they were
         still going ``shutdown_timeout`` seconds after ``stop()``."""
 
+    @property
+    def skew(self) -> float | None:
+        """This instance's clock minus the store's, in seconds, as last measured
+        (None before the first measurement, or for a store without a clock)."""
+        return self._skew.skew
+
     def cron(
         self,
         expr: str,
@@ -157,18 +156,42 @@ class Scheduler:
 
         return register
 
+    def every(
+        self,
+        *,
+        seconds: float = 0,
+        minutes: float = 0,
+        hours: float = 0,
+        name: str | None = None,
+        ttl: float | None = None,
+        exclusive: bool = True,
+    ) -> Callable[[F], F]:
+        """Decorator: run the function once per interval in the cluster, at
+        whole multiples of the interval since the Unix epoch (``every(minutes=15)``:
+        at :00, :15, :30 and :45, UTC; see ``interval``), claimed like a cron
+        occurrence. The function itself is returned unchanged."""
+        interval = interval_seconds(seconds, minutes, hours)
+
+        def register(fn: F) -> F:
+            self.add(fn, every=interval, name=name, ttl=ttl, exclusive=exclusive)
+            return fn
+
+        return register
+
     def add(
         self,
         fn: Callable[..., Any],
-        expr: str,
+        expr: str | None = None,
         *,
+        every: float | None = None,
         name: str | None = None,
         ttl: float | None = None,
         tz: str | None = None,
         exclusive: bool = True,
     ) -> ScheduledTask:
-        """Register a task without a decorator. Errors are raised here, not at the first tick."""
-        return self.tasks.add(fn, expr, name=name, ttl=ttl, tz=tz, exclusive=exclusive)
+        """Register a task without a decorator: on the cron expression ``expr``,
+        or ``every`` so many seconds. Errors are raised here, not at the first tick."""
+        return self.tasks.add(fn, expr, every=every, name=name, ttl=ttl, tz=tz, exclusive=exclusive)
 
     async def _prune(self) -> None:
         abandoned = await self.tasks.store_abandoned()
@@ -230,7 +253,7 @@ class Scheduler:
         with contextlib.suppress(TimeoutError):  # the first tick is spread too
             async with asyncio.timeout(PRESENCE_READY):  # (wait_for may drop a cancel on 3.11)
                 await self.tasks.read_peers()
-        watching = asyncio.ensure_future(self._watch_skew())
+        watching = asyncio.ensure_future(self._skew.watch())
         try:
             await self._timer_loop()
         finally:
@@ -240,44 +263,6 @@ class Scheduler:
             await self.tasks.flush_missed(self.shutdown_timeout)
             self.tasks.threads.shutdown()
             self._loop = self._wake = None
-
-    async def _watch_skew(self) -> None:
-        """Measure this instance's clock against the store's now and every
-        SKEW_CHECK seconds; warn once past ``skew_warning``, again on change."""
-        while True:
-            try:
-                before = self.clock()
-                theirs = await self.locks.store.server_time()
-                after = self.clock()
-            except TenureError as exc:
-                log.debug("could not read the store's clock: %s", exc)
-            else:
-                if theirs is None:
-                    return  # SQLite, memory, etcd: no clock of the store's to compare
-                self._judge_skew((before + after) / 2 - theirs)
-            await asyncio.sleep(SKEW_CHECK)
-
-    def _judge_skew(self, skew: float) -> None:
-        self.skew = skew
-        said = self._skew_said
-        if abs(skew) > self.skew_warning:
-            if said is None or abs(skew - said) > self.skew_warning / 2:
-                self._skew_said = skew
-                log.warning(
-                    "this instance's clock is %.2f s %s the store's: it fires every occurrence "
-                    "that much %s. Each still runs once (the first instance to claim it runs "
-                    "it), so the instance most ahead runs them early; keep clocks in sync (NTP)",
-                    abs(skew),
-                    "ahead of" if skew > 0 else "behind",
-                    "early" if skew > 0 else "late",
-                )
-                if self.locks.observed:
-                    self.locks.emit(Event(EventKind.SKEW, "", self.locks.holder, seconds=skew))
-        elif said is not None:
-            self._skew_said = None
-            log.info(
-                "this instance's clock is back within %.2f s of the store's", self.skew_warning
-            )
 
     async def _timer_loop(self) -> None:
         assert self._wake is not None

@@ -48,9 +48,9 @@ from ..stores.runlog import PRESENCE_TTL, Claim, RunOutcome, RunRecord
 from ._presence import presence_of
 from ._spread import PEERS_RECHECK, SPREAD_DELAY, Spread
 from .calls import Begun, RunCalls, Start
-from .cron import CronSchedule
 from .peers import Peers
 from .runs import Missed, Runs
+from .timing import Schedule, schedule_of
 
 __all__ = ("RunOutcome", "ScheduledTask", "ScheduledTaskStore")
 
@@ -64,7 +64,7 @@ DEFAULT_KEEP_RUNS = 100
 class ScheduledTask:
     name: str
     fn: Callable[..., Any]
-    schedule: CronSchedule
+    schedule: Schedule
     ttl: float | None = None
     exclusive: bool = True
     """False: runs on every instance, without a lock or an occurrence claim."""
@@ -140,14 +140,17 @@ class ScheduledTaskStore:
     def add(
         self,
         fn: Callable[..., Any],
-        expr: str,
+        expr: str | None = None,
         *,
+        every: float | None = None,
         name: str | None = None,
         ttl: float | None = None,
         tz: str | None = None,
         exclusive: bool = True,
     ) -> ScheduledTask:
-        """Register ``fn`` to run on the cron expression ``expr``; returns the task."""
+        """Register ``fn`` to run on the cron expression ``expr``, or ``every``
+        so many seconds (``interval``); returns the task."""
+        schedule = schedule_of(expr, every, tz)
         if not callable(fn):
             raise InvalidArgument(f"a scheduled task must be callable, got {fn!r}")
         if name is None:
@@ -159,7 +162,7 @@ class ScheduledTaskStore:
             ttl = check_ttl(ttl)
         if not isinstance(exclusive, bool):
             raise InvalidArgument(f"exclusive must be True or False, got {exclusive!r}")
-        task = ScheduledTask(name, fn, CronSchedule(expr, tz), ttl, exclusive)
+        task = ScheduledTask(name, fn, schedule, ttl, exclusive)
         self._tasks[name] = task
         return task
 
