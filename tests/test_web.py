@@ -19,6 +19,7 @@ import pytest
 
 from tenure import LockService
 from tenure.stores.runlog import presence_name
+from tenure.stores.sqlite import SQLiteStore
 
 from .helpers.cli_app import make
 from .helpers.procs import ROOT
@@ -29,6 +30,8 @@ from .servers import free_port
 def web(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """``tenure web`` on a SQLite store; (page URL, store URL)."""
     url = f"sqlite://{tmp_path}/web.db"
+    # The application made the store; tenure web, which only reads, creates none.
+    asyncio.run(SQLiteStore(tmp_path / "web.db").aclose())
     port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
     proc = subprocess.Popen(
