@@ -31,7 +31,7 @@ def histograms(
         raise ValueError(f"no values to draw for {title!r}")
     top = max(v[min(len(v) - 1, int(len(v) * 0.999))] for v in drawn.values()) or 1.0
     bins = [top * i / 60 for i in range(61)]
-    figure, axes = plt.subplots(figsize=(8, 4), layout="constrained")
+    figure, axes = plt.subplots(figsize=(8, 5), layout="constrained")
     for label, values in drawn.items():
         beyond = sum(v > top for v in values)
         median = values[len(values) // 2]
@@ -42,11 +42,10 @@ def histograms(
             [min(v, top) for v in values], bins=bins, histtype="step", linewidth=1.5, label=name
         )
     axes.set_title(title)
-    axes.set_xlabel(unit)
+    axes.set_xlabel(f"{unit}; {note}" if note else unit)
     axes.set_ylabel("count")
-    axes.legend(fontsize="small")
-    if note:
-        figure.text(0.01, 0.01, note, fontsize="x-small", color="gray")
+    # Below the axes: over them it hides the peaks it names.
+    axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="svg", metadata={"Date": None})  # no date: a rerun diffs only data
     plt.close(figure)
