@@ -18,7 +18,7 @@ import pytest
 
 from tenure import LockService
 
-from .helpers.procs import ROOT
+from .helpers.procs import ROOT, processes_naming
 
 
 def tenure(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -380,19 +380,6 @@ async def test_tasks_with_the_app_shows_expressions_and_next_fire(tmp_path: Path
     assert [r["outcome"] for r in shown["runs"]] == ["ran"]
 
 
-def _processes_naming(text: str) -> list[str]:
-    """Command lines of the running processes that mention ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # not a process, or it ended meanwhile
-            continue
-        if text in line:
-            found.append(line)
-    return found
-
-
 def test_demo_runs_each_occurrence_once_and_says_where_its_runs_are() -> None:
     done = tenure("demo", "--instances", "2", "--seconds", "3")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -436,7 +423,7 @@ def test_demo_stops_on_a_signal_with_its_summary_and_leaves_no_process(
             pytest.fail("the demo showed no run: " + "".join(lines))
         store = re.search(r"on (sqlite://\S+)", lines[0])
         assert store is not None, lines[0]
-        assert len(_processes_naming(store[1])) == 3, "its three instances run"
+        assert len(processes_naming(store[1])) == 3, "its three instances run"
         if group:
             os.killpg(proc.pid, stop)
         else:
@@ -450,7 +437,7 @@ def test_demo_stops_on_a_signal_with_its_summary_and_leaves_no_process(
     assert err == "", "no tracebacks, no broken pipes"
     assert f"stopped by {stop.name}; so far:" in out
     assert re.search(r"occurrences: \d+  runs: \d+  duplicates: 0", out), out
-    assert _processes_naming(store[1]) == [], "no instance left running"
+    assert processes_naming(store[1]) == [], "no instance left running"
     workdir = re.search(r"rm -r (\S+)", out)
     assert workdir is not None, out
     shutil.rmtree(workdir[1])

@@ -5,6 +5,7 @@ plain calls)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -31,6 +32,10 @@ class Portal:
             # cancellation handling cleans up (an acquire that raced is released).
             future.cancel()
             raise
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop thread; its future, not waited for."""
+        return asyncio.run_coroutine_threadsafe(coro, self._running())
 
     def _running(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

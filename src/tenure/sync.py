@@ -40,14 +40,15 @@ included.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import logging
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _validate
 from . import locks as _core
@@ -73,11 +74,15 @@ __all__ = (
     "LockLost",
     "LockService",
     "Outcome",
+    "Scheduler",
     "StoreUnavailable",
     "TenureError",
     "WaitQueueFull",
     "current_lock",
+    "current_run",
 )
+
+T = TypeVar("T")
 
 log = logging.getLogger("tenure")
 
@@ -215,6 +220,17 @@ class LockService:
     @property
     def store(self) -> Store:
         return self._core.store
+
+    @property
+    def core(self) -> _core.LockService:
+        """The asyncio service this one drives (one core for both APIs): what
+        ``tenure.sync.Scheduler`` schedules on, on this service's loop thread."""
+        return self._core
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on this service's loop thread (where ``core`` lives)
+        and return at once; its future says how it ended."""
+        return self._portal.submit(coro)
 
     @property
     def holder(self) -> str:
@@ -356,3 +372,8 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+# The scheduler for blocking code lives with the asyncio one; it only needs
+# this module at run time, so it is imported last.
+from .schedule.blocking import BlockingScheduler as Scheduler  # noqa: E402
+from .schedule.runs import current_run  # noqa: E402

@@ -8,11 +8,15 @@ import select
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 HELPERS = Path(__file__).parent
 ROOT = HELPERS.parent.parent
+
+T = TypeVar("T")
 
 
 class Worker:
@@ -66,3 +70,29 @@ class Worker:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def processes_naming(text: str) -> list[str]:
+    """Command lines of the running processes that mention ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # not a process, or it ended meanwhile
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+def until_it_answers(server: subprocess.Popen[str], ask: Callable[[], T], what: str) -> T:
+    """``ask()``'s first answer that is not an OSError (the server is up),
+    within 30 s, while ``server`` runs."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return ask()
+        except OSError:
+            assert server.poll() is None, server.communicate()
+            assert time.monotonic() < deadline, f"{what} did not answer in 30 s"
+            time.sleep(0.2)

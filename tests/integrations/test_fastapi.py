@@ -15,7 +15,7 @@ from pathlib import Path
 from tenure.stores import from_url
 from tenure.stores.runlog import PRESENCE_PREFIX, RunOutcome, RunRecord
 
-from ..helpers.procs import ROOT
+from ..helpers.procs import ROOT, until_it_answers
 from ..servers import free_port
 
 PAGE = ROOT / "docs/integrations/fastapi.md"
@@ -57,15 +57,8 @@ def test_each_occurrence_runs_once_across_three_workers(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:  # until the app answers: its workers are up
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/locks", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None, server.communicate()
-                assert time.monotonic() < deadline, "uvicorn did not answer in 30 s"
-                time.sleep(0.2)
+        page = f"http://127.0.0.1:{port}/locks"
+        until_it_answers(server, lambda: urllib.request.urlopen(page, timeout=2).close(), "uvicorn")
         time.sleep(15)
         serving = asyncio.run(_serving(url))
         assert len(serving) == 3, f"three workers serve the scheduler: {serving}"
