@@ -1,0 +1,1 @@
+"""Django management commands of tenure.django (``tenure_run``)."""

@@ -1,0 +1,1 @@
+"""The commands: ``tenure_run``."""
