@@ -1,0 +1,189 @@
+"""The Celery page's example, as written, under a real worker (prefork pool of
+4) on a throwaway Redis broker: 50 identical tasks never run two at a time,
+and a worker process killed mid-task frees its key within the TTL."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tenure.sync import LockService
+
+from ..helpers.procs import ROOT
+from ..servers import RedisServer
+
+PAGE = ROOT / "docs/integrations/celery.md"
+
+
+def _example() -> str:
+    found: list[str] = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
+    [code] = found
+    return code
+
+
+class Worker:
+    """``celery -A tasks worker`` in ``root``, its log read as it comes."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        options = ["--concurrency", "4", "--loglevel", "INFO", "--without-gossip"]
+        options += ["--without-mingle", "--without-heartbeat"]
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tasks",
+                "worker",
+                "--pool",
+                "prefork",
+                *options,
+            ],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            assert self.proc.poll() is None, "".join(self.lines)
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} in the worker's log:\n{''.join(self.lines)}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[tuple[ModuleType, Worker, str]]:
+    """The example as tasks.py, a worker serving it, and the store URL."""
+    (tmp_path / "tasks.py").write_text(_example())
+    broker = RedisServer()
+    url = f"sqlite://{tmp_path}/tenure.db"
+    env = dict(os.environ, CELERY_BROKER_URL=broker.url, TENURE_URL=url)
+    env["PYTHONPATH"] = str(ROOT / "src")
+    spec = importlib.util.spec_from_file_location("tasks", tmp_path / "tasks.py")
+    assert spec is not None and spec.loader is not None
+    os.environ["CELERY_BROKER_URL"], os.environ["TENURE_URL"] = broker.url, url
+    try:
+        tasks = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tasks)
+    finally:
+        del os.environ["CELERY_BROKER_URL"], os.environ["TENURE_URL"]
+    worker = Worker(tmp_path, env)
+    try:
+        worker.wait_for(r"celery@\S+ ready")
+        yield tasks, worker, url
+    finally:
+        worker.stop()
+        tasks.app.close()
+        broker.stop()
+
+
+def _runs(lines: list[str], report: int) -> list[tuple[float, float]]:
+    """(start, end) of each run of ``report`` the worker logged."""
+    started = [float(t) for t in re.findall(rf"report {report} started at (\S+)", "".join(lines))]
+    ended = [float(t) for t in re.findall(rf"report {report} ended at (\S+)", "".join(lines))]
+    assert len(started) == len(ended), lines
+    return sorted(zip(started, ended, strict=True))
+
+
+def test_identical_tasks_never_run_together(project: tuple[ModuleType, Worker, str]) -> None:
+    tasks, worker, _ = project
+    sent = [tasks.generate_report.delay(42) for _ in range(50)]
+    results = [result.get(timeout=60) for result in sent]
+    ran = [r for r in results if r is not None]
+    assert ran and set(ran) == {"report 42 generated"}
+    assert len(ran) < 50, "contention happened: some calls found the key taken"
+    runs = _runs(worker.lines, 42)
+    assert len(runs) == len(ran)
+    for (_, end), (start, _) in itertools.pairwise(runs):
+        assert end <= start, f"two runs of report 42 overlapped: {runs}"
+    # Another key is not held back by this one.
+    assert tasks.generate_report.delay(43).get(timeout=30) == "report 43 generated"
+
+
+def test_a_killed_worker_frees_its_key_within_the_ttl(
+    project: tuple[ModuleType, Worker, str],
+) -> None:
+    tasks, worker, url = project
+    tasks.generate_report.delay(7, seconds=60)
+    pid = int(worker.wait_for(r"report 7 started at \S+ in (\d+)")[1])
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    key = tasks.generate_report.singleton_name((7,), {})
+    with LockService.from_url(url) as locks:
+        while (lock := locks.acquire(key, ttl=5)) is None:
+            assert time.monotonic() - killed < 2 + 1, "not free within TTL + 1 s"
+            time.sleep(0.05)
+        freed = time.monotonic() - killed
+        lock.release()
+    assert 0.5 < freed < 3, freed  # held until the lease ran out, then free
+
+
+BAD_KEY = """
+from celery import Celery
+from tenure.celery import SingletonTask
+
+app = Celery("bad", broker="memory://")
+
+
+@app.task(base=SingletonTask, singleton_key=("report",))
+def generate(report_id: int) -> None: ...
+
+
+app.finalize(auto=True)
+"""
+
+
+def test_a_key_naming_an_argument_the_task_does_not_take_fails_at_binding() -> None:
+    # In a process of its own: Celery shares tasks between the apps of a process.
+    done = subprocess.run(
+        [sys.executable, "-c", BAD_KEY],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("tenure.errors.ConfigurationError: task ")
+    assert "singleton_key names ['report'], which it does not take" in last
+    assert "(its arguments: ['report_id'])" in last
