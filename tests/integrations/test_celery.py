@@ -25,6 +25,11 @@ from ..helpers.procs import ROOT
 from ..servers import RedisServer
 
 PAGE = ROOT / "docs/integrations/celery.md"
+WORKER = (
+    *("--pool", "prefork", "--concurrency", "4"),
+    *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+)
+BEAT = ("beat", "-S", "tenure.celery.BeatScheduler", "--max-interval", "1")
 
 
 def _example() -> str:
@@ -33,24 +38,12 @@ def _example() -> str:
     return code
 
 
-class Worker:
-    """``celery -A tasks worker`` in ``root``, its log read as it comes."""
+class Celery:
+    """``celery -A tasks <command>`` in ``root``, its log read as it comes."""
 
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        options = ["--concurrency", "4", "--loglevel", "INFO", "--without-gossip"]
-        options += ["--without-mingle", "--without-heartbeat"]
+    def __init__(self, root: Path, env: dict[str, str], *command: str) -> None:
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tasks",
-                "worker",
-                "--pool",
-                "prefork",
-                *options,
-            ],
+            [sys.executable, "-m", "celery", "-A", "tasks", *command, "--loglevel", "INFO"],
             cwd=root,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -91,8 +84,8 @@ class Worker:
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Iterator[tuple[ModuleType, Worker, str]]:
-    """The example as tasks.py, a worker serving it, and the store URL."""
+def project(tmp_path: Path) -> Iterator[tuple[ModuleType, Celery, str, dict[str, str]]]:
+    """The example as tasks.py, a worker serving it, the store URL and the environment."""
     (tmp_path / "tasks.py").write_text(_example())
     broker = RedisServer()
     url = f"sqlite://{tmp_path}/tenure.db"
@@ -106,10 +99,10 @@ def project(tmp_path: Path) -> Iterator[tuple[ModuleType, Worker, str]]:
         spec.loader.exec_module(tasks)
     finally:
         del os.environ["CELERY_BROKER_URL"], os.environ["TENURE_URL"]
-    worker = Worker(tmp_path, env)
+    worker = Celery(tmp_path, env, "worker", *WORKER)
     try:
         worker.wait_for(r"celery@\S+ ready")
-        yield tasks, worker, url
+        yield tasks, worker, url, env
     finally:
         worker.stop()
         tasks.app.close()
@@ -124,8 +117,11 @@ def _runs(lines: list[str], report: int) -> list[tuple[float, float]]:
     return sorted(zip(started, ended, strict=True))
 
 
-def test_identical_tasks_never_run_together(project: tuple[ModuleType, Worker, str]) -> None:
-    tasks, worker, _ = project
+Project = tuple[ModuleType, Celery, str, dict[str, str]]
+
+
+def test_identical_tasks_never_run_together(project: Project) -> None:
+    tasks, worker, _, _ = project
     sent = [tasks.generate_report.delay(42) for _ in range(50)]
     results = [result.get(timeout=60) for result in sent]
     ran = [r for r in results if r is not None]
@@ -139,10 +135,8 @@ def test_identical_tasks_never_run_together(project: tuple[ModuleType, Worker, s
     assert tasks.generate_report.delay(43).get(timeout=30) == "report 43 generated"
 
 
-def test_a_killed_worker_frees_its_key_within_the_ttl(
-    project: tuple[ModuleType, Worker, str],
-) -> None:
-    tasks, worker, url = project
+def test_a_killed_worker_frees_its_key_within_the_ttl(project: Project) -> None:
+    tasks, worker, url, _ = project
     tasks.generate_report.delay(7, seconds=60)
     pid = int(worker.wait_for(r"report 7 started at \S+ in (\d+)")[1])
     os.kill(pid, signal.SIGKILL)
@@ -155,6 +149,42 @@ def test_a_killed_worker_frees_its_key_within_the_ttl(
         freed = time.monotonic() - killed
         lock.release()
     assert 0.5 < freed < 3, freed  # held until the lease ran out, then free
+
+
+def test_a_second_beat_takes_over_and_no_occurrence_is_sent_twice(
+    project: Project, tmp_path: Path
+) -> None:
+    _, worker, _, env = project
+    started = time.time()
+    first = Celery(tmp_path, env, *BEAT)
+    second: Celery | None = None
+    try:
+        first.wait_for(r"tenure: this beat sends now")
+        second = Celery(tmp_path, env, *BEAT)
+        second.wait_for(r"beat: Starting")
+        time.sleep(4)
+        assert not [line for line in second.lines if "tenure: sent" in line], "only one sends"
+        first.proc.kill()  # SIGKILL: no release, no goodbye
+        killed = time.monotonic()
+        second.wait_for(r"tenure: this beat sends now", timeout=10)
+        took_over = time.monotonic() - killed
+        time.sleep(3)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert took_over < 2 + 1 + 0.5, f"took over after {took_over:.1f} s (TTL 2 s + 1 s)"
+    assert second is not None
+    assert [line for line in first.lines if "tenure: sent" in line], "the first one sent"
+    assert [line for line in second.lines if "tenure: sent" in line], "then the second one"
+    fires = sorted(float(f) for f in re.findall(r"heartbeat for (\d+\.\d+)", "".join(worker.lines)))
+    assert len(fires) >= 6
+    assert len(fires) == len(set(fires)), f"an occurrence ran twice: {fires}"
+    expected = [fires[0] + i for i in range(int(fires[-1] - fires[0]) + 1)]
+    missing = sorted(set(expected) - set(fires))
+    assert len(missing) <= 1, f"more than the one in flight at the kill is missing: {missing}"
+    assert fires[0] >= started - 1, "no backfill: the first sender starts at its start"
+    print(f"took over in {took_over:.2f} s; ran {len(fires)}, missing {missing}")
 
 
 BAD_KEY = """
