@@ -217,3 +217,53 @@ def test_a_key_naming_an_argument_the_task_does_not_take_fails_at_binding() -> N
     assert last.startswith("tenure.errors.ConfigurationError: task ")
     assert "singleton_key names ['report'], which it does not take" in last
     assert "(its arguments: ['report_id'])" in last
+
+
+CONTENTION = """
+import sys
+from celery import Celery
+from tenure.celery import SingletonTask
+from tenure.sync import LockService
+
+app = Celery("contention", broker="memory://")
+app.conf.tenure_url = sys.argv[1]
+ran = []
+
+
+@app.task(base=SingletonTask, singleton_key=("n",), singleton_ttl=5)
+def skipping(n: int) -> str:
+    ran.append(n)
+    return "ran"
+
+
+@app.task(base=SingletonTask, singleton_key=("n",), singleton_on_contention="retry",
+          singleton_retry_countdown=3, max_retries=2)
+def retrying(n: int) -> str:
+    ran.append(n)
+    return "ran"
+
+
+with LockService.from_url(sys.argv[1]) as other:
+    held = [other.acquire(task.singleton_name((1,), {})) for task in (skipping, retrying)]
+    assert all(held), held
+    skipped = skipping.apply(args=(1,))
+    retried = retrying.apply(args=(1,))
+    free = skipping.apply(args=(2,))
+print(skipped.state, skipped.result, type(retried.result).__name__, free.result, ran)
+"""
+
+
+def test_contention_skips_or_retries_as_the_task_says(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CONTENTION, f"sqlite://{tmp_path}/contention.db"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # Skipped: done, without running. Retried: (eagerly, so at once) until
+    # max_retries, never running while the key was held. Another key: ran.
+    expected = ["SUCCESS", "None", "MaxRetriesExceededError", "ran", "[2]"]
+    assert done.stdout.split() == expected, done.stdout
