@@ -75,6 +75,25 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _run(
+    block: Block, tmp_path: Path, *command: str, prefix: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``command`` with the block's code (its store URL a file in ``tmp_path``)
+    as its last argument, in ``tmp_path``; it must exit 0."""
+    code = prefix + block.code.replace(PLACEHOLDER, f"sqlite://{tmp_path}/example.db")
+    done = subprocess.run(
+        [*command, code],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"{block}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
 def test_every_block_is_known_and_every_page_has_code() -> None:
     languages = {b.language for b in BLOCKS}
     # Code in any other language would go untested: name it here once it runs.
@@ -94,17 +113,7 @@ def test_python_block_runs(block: Block, tmp_path: Path) -> None:
         runner = (ROOT / block.run_by).read_text()
         assert block.page.removeprefix("docs/") in runner, f"{block.run_by} reads {block.page}"
         return  # that test runs it, served as its framework serves it
-    code = block.code.replace(PLACEHOLDER, f"sqlite://{tmp_path}/example.db")
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"{block}:\n{done.stdout}\n{done.stderr}"
+    done = _run(block, tmp_path, sys.executable, "-c")
     assert done.stdout.strip(), f"{block} printed nothing: an example shows what it did"
 
 
@@ -113,19 +122,7 @@ def test_shell_block_runs_or_says_why_not(block: Block, tmp_path: Path) -> None:
     if block.no_run is not None:
         assert len(block.no_run) >= 10, f"{block}: say why it does not run"
         pytest.skip(f"{block}: {block.no_run}")
-    script = "set -euo pipefail\n" + block.code.replace(
-        PLACEHOLDER, f"sqlite://{tmp_path}/example.db"
-    )
-    done = subprocess.run(
-        ["bash", "-c", script],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"{block}:\n{done.stdout}\n{done.stderr}"
+    _run(block, tmp_path, "bash", "-c", prefix="set -euo pipefail\n")
 
 
 def test_the_readme_is_a_landing_page() -> None:

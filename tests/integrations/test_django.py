@@ -4,7 +4,6 @@ ORM, an exclusive management command, and settings errors at start-up."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -14,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from tenure.stores import from_url
-from tenure.stores.runlog import PRESENCE_PREFIX, RunOutcome, RunRecord
+from tenure.stores.runlog import RunOutcome
 
+from ..helpers import reading
 from ..helpers.procs import ROOT
 
 PAGE = ROOT / "docs/integrations/django.md"
@@ -57,22 +56,6 @@ def _manage(root: Path, env: dict[str, str], *args: str) -> subprocess.Completed
     )
 
 
-async def _serving(url: str) -> set[str]:
-    store = from_url(url)
-    try:
-        return {i.holder for i in await store.holders(PRESENCE_PREFIX)}
-    finally:
-        await store.aclose()
-
-
-async def _records(url: str) -> list[RunRecord]:
-    store = from_url(url)
-    try:
-        return await store.runlog.runs("counter.tick", limit=100)
-    finally:
-        await store.aclose()
-
-
 def test_tenure_run_on_three_processes_runs_each_occurrence_once(tmp_path: Path) -> None:
     _project(tmp_path)
     url = f"sqlite://{tmp_path}/tenure.db"
@@ -94,7 +77,7 @@ def test_tenure_run_on_three_processes_runs_each_occurrence_once(tmp_path: Path)
     ]
     try:
         time.sleep(7)
-        serving = asyncio.run(_serving(url))
+        serving = reading.serving(url)
         for runner in runners:
             runner.send_signal(signal.SIGTERM)
         outputs = [runner.communicate(timeout=60) for runner in runners]
@@ -112,7 +95,7 @@ def test_tenure_run_on_three_processes_runs_each_occurrence_once(tmp_path: Path)
         fires = sorted(row[0] for row in db.execute("SELECT fire_time FROM counter_tick"))
     assert len(fires) >= 4
     assert fires == [fires[0] + i for i in range(len(fires))], "each second once, none missing"
-    records = asyncio.run(_records(url))
+    records = reading.runs(url, "counter.tick")
     assert sorted(r.fire_time for r in records if r.fire_time is not None) == fires
     assert all(r.outcome == RunOutcome.RAN for r in records), "no write was refused as a double"
     # Each occurrence goes to the task's preferred instance while all are up:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -12,9 +11,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tenure.stores import from_url
-from tenure.stores.runlog import PRESENCE_PREFIX, RunOutcome, RunRecord
+from tenure.stores.runlog import RunOutcome
 
+from ..helpers import reading
 from ..helpers.procs import ROOT, until_it_answers
 from ..servers import free_port
 
@@ -25,22 +24,6 @@ def _example() -> str:
     found: list[str] = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
     [code] = found
     return code
-
-
-async def _serving(url: str) -> set[str]:
-    store = from_url(url)
-    try:
-        return {i.name for i in await store.holders(PRESENCE_PREFIX)}
-    finally:
-        await store.aclose()
-
-
-async def _records(url: str) -> list[RunRecord]:
-    store = from_url(url)
-    try:
-        return await store.runlog.runs("app.heartbeat", limit=100)
-    finally:
-        await store.aclose()
 
 
 def test_each_occurrence_runs_once_across_three_workers(tmp_path: Path) -> None:
@@ -60,7 +43,7 @@ def test_each_occurrence_runs_once_across_three_workers(tmp_path: Path) -> None:
         page = f"http://127.0.0.1:{port}/locks"
         until_it_answers(server, lambda: urllib.request.urlopen(page, timeout=2).close(), "uvicorn")
         time.sleep(15)
-        serving = asyncio.run(_serving(url))
+        serving = reading.serving(url)
         assert len(serving) == 3, f"three workers serve the scheduler: {serving}"
         server.send_signal(signal.SIGINT)
         out, err = server.communicate(timeout=60)
@@ -71,7 +54,7 @@ def test_each_occurrence_runs_once_across_three_workers(tmp_path: Path) -> None:
     assert server.returncode == 0, err
     assert "ERROR" not in err and "Traceback" not in err, err
     assert len(re.findall(r"Finished server process \[\d+\]", err)) == 3, err
-    records = asyncio.run(_records(url))
+    records = reading.runs(url, "app.heartbeat")
     fires = sorted(r.fire_time for r in records if r.fire_time is not None)
     assert all(r.outcome == RunOutcome.RAN for r in records), records
     assert len(fires) == len(set(fires)), "no occurrence ran twice"

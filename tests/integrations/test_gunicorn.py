@@ -4,7 +4,6 @@ each occurrence once, and SIGTERM closes the last run and leaves nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -16,9 +15,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tenure.stores import from_url
-from tenure.stores.runlog import PRESENCE_PREFIX, RunOutcome, RunRecord
+from tenure.stores.runlog import RunOutcome
 
+from ..helpers import reading
 from ..helpers.procs import ROOT, processes_naming, until_it_answers
 from ..servers import free_port
 
@@ -29,17 +28,6 @@ def _example() -> str:
     found: list[str] = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
     [code] = found
     return code
-
-
-async def _read(url: str) -> tuple[list[RunRecord], set[str], list[str]]:
-    store = from_url(url)
-    try:
-        records = await store.runlog.runs("app.heartbeat", limit=100)
-        serving = {i.holder for i in await store.holders(PRESENCE_PREFIX)}
-        held = [i.name for i in await store.holders("") if not i.name.startswith(PRESENCE_PREFIX)]
-        return records, serving, held
-    finally:
-        await store.aclose()
 
 
 def _post(url: str) -> tuple[int, dict[str, object]]:
@@ -76,7 +64,7 @@ def test_the_scheduler_runs_in_the_master_once_and_stops_with_it(tmp_path: Path)
             assert time.monotonic() < deadline, f"not 1 + 3 processes: {processes_naming(bind)}"
             time.sleep(0.1)
         time.sleep(6.5)
-        _, serving, _ = asyncio.run(_read(url))
+        serving = reading.serving(url)
         assert [h.split(":")[1] for h in serving] == [str(master.pid)], (
             f"the scheduler runs in the master only: {serving}"
         )
@@ -92,8 +80,8 @@ def test_the_scheduler_runs_in_the_master_once_and_stops_with_it(tmp_path: Path)
     assert master.returncode == 0, err
     assert "Traceback" not in err and "[ERROR]" not in err, err
     assert processes_naming(bind) == [], "nothing left running"
-    records, _, held = asyncio.run(_read(url))
-    assert held == [], "the task's lock released"
+    records = reading.runs(url, "app.heartbeat")
+    assert reading.held(url) == [], "the task's lock released"
     assert all(r.ended is not None for r in records), "the last run's record is closed"
     last = max(records, key=lambda r: r.started)
     assert last.started < terminated < (last.ended or 0), "it was running at SIGTERM"

@@ -120,7 +120,7 @@ def demo(instances: int, seconds: float, url: str | None, skew: float) -> int:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    _summary(instances, reports.ran, reports.seen, stopped)
+    duplicates, missing = _summary(instances, reports.ran, reports.seen, stopped)
     if workdir is not None:
         print("the runs are kept in a temporary file; to see them, then remove it:")
         print(f"  tenure tasks --url {url}")
@@ -130,8 +130,6 @@ def demo(instances: int, seconds: float, url: str | None, skew: float) -> int:
     if any(codes):
         print(f"an instance failed: exit codes {codes}", file=sys.stderr)
         return 2
-    duplicates = sum(len(v) - 1 for v in reports.ran.values() if len(v) > 1)
-    missing = sum(1 for fire in reports.seen if not reports.ran.get(fire))
     return 0 if duplicates == 0 and missing == 0 else 1
 
 
@@ -193,7 +191,8 @@ def _reap(proc: subprocess.Popen[str]) -> int:
 
 def _summary(
     instances: int, ran: dict[float, list[int]], seen: set[float], stopped: _Stop | None
-) -> None:
+) -> tuple[int, int]:
+    """Print the summary; the occurrences run twice or more, and not at all."""
     occurrences = len(seen)
     runs = sum(len(v) for v in ran.values())
     duplicates = sum(len(v) - 1 for v in ran.values() if len(v) > 1)
@@ -206,3 +205,4 @@ def _summary(
         f"(without tenure each instance would have run every occurrence: "
         f"{occurrences * instances} runs)"
     )
+    return duplicates, missing
