@@ -539,7 +539,7 @@ class EtcdCluster:
         )
         return out.stdout
 
-    def wait_healthy(self, timeout: float = 30) -> None:
+    def wait_healthy(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -7,13 +7,14 @@ from ._threads import PoolFull
 from .errors import (
     ConfigurationError,
     InvalidArgument,
+    LimitMismatch,
     LockLost,
     StoreUnavailable,
     TenureError,
     WaitQueueFull,
 )
 from .events import Event, EventKind, log_events
-from .locks import Lock, LockService, Outcome, current_lock
+from .locks import Election, Lock, LockService, Outcome, Permit, Semaphore, Term, current_lock
 from .schedule import (
     CurrentRun,
     RunOutcome,
@@ -28,22 +29,27 @@ from .stores.runlog import RunRecord
 __all__ = (
     "ConfigurationError",
     "CurrentRun",
+    "Election",
     "Event",
     "EventKind",
     "ForcedRelease",
     "InvalidArgument",
+    "LimitMismatch",
     "Lock",
     "LockLost",
     "LockService",
     "Outcome",
+    "Permit",
     "PoolFull",
     "RunOutcome",
     "RunRecord",
     "ScheduledTask",
     "ScheduledTaskStore",
     "Scheduler",
+    "Semaphore",
     "StoreUnavailable",
     "TenureError",
+    "Term",
     "WaitQueueFull",
     "current_lock",
     "current_run",

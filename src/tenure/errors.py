@@ -4,7 +4,8 @@
 
     TenureError                      every error tenure raises on purpose
     ├── InvalidArgument (ValueError) a bad name, TTL, wait, cron expression ...
-    │   └── ConfigurationError       a bad URL, option, or store file
+    │   ├── ConfigurationError       a bad URL, option, or store file
+    │   └── LimitMismatch            a semaphore's limit differs from its live one
     ├── StoreUnavailable             the store could not be reached or failed;
     │                                the driver's exception is ``__cause__``
     └── LockLost                     a held lock was lost under running work
@@ -19,6 +20,7 @@ from __future__ import annotations
 __all__ = (
     "ConfigurationError",
     "InvalidArgument",
+    "LimitMismatch",
     "LockLost",
     "StoreUnavailable",
     "TenureError",
@@ -36,6 +38,22 @@ class InvalidArgument(TenureError, ValueError):
 
 class ConfigurationError(InvalidArgument):
     """A store URL, a store option, or the store's file or schema is unusable."""
+
+
+class LimitMismatch(InvalidArgument):
+    """A semaphore was asked for with a limit other than the one its live
+    permits and waiters were granted under; nothing was changed. Once it is
+    idle (no permit, no waiter), the next caller's limit holds."""
+
+    def __init__(self, name: str, live: int, asked: int) -> None:
+        super().__init__(
+            f"semaphore {name!r} is in use with limit {live}, not {asked}: every caller "
+            f"must ask the same limit while a permit or a waiter exists (a new limit "
+            f"takes effect once the semaphore is idle)"
+        )
+        self.name = name
+        self.live = live
+        self.asked = asked
 
 
 class StoreUnavailable(TenureError):

@@ -32,14 +32,19 @@ Kinds (``Event.kind``, an ``EventKind``):
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-__all__ = ("Event", "EventKind", "Hook", "log_events")
+__all__ = ("Event", "EventKind", "Hook", "RunWrapper", "RunWrappers", "log_events")
 
 log = logging.getLogger("tenure.events")
+
+C = TypeVar("C", bound=Callable[..., Any])
 
 
 class EventKind(enum.StrEnum):
@@ -71,32 +76,93 @@ class Event:
 Hook = Callable[[Event], None]
 
 
-class Hooks:
-    """A service's subscribers; copy-on-write, so emitting needs no lock."""
+class _Callables(Generic[C]):
+    """Callables a service calls; copy-on-write, so calling them needs no lock."""
 
-    __slots__ = ("hooks",)
+    __slots__ = ("items",)
+    what = "callable"
 
     def __init__(self) -> None:
-        self.hooks: tuple[Hook, ...] = ()
+        self.items: tuple[C, ...] = ()
 
-    def add(self, hook: Hook) -> Callable[[], None]:
-        if not callable(hook):
+    def add(self, item: C) -> Callable[[], None]:
+        """Add ``item``; returns the function that removes it."""
+        if not callable(item):
             from .errors import InvalidArgument
 
-            raise InvalidArgument(f"a hook must be callable, got {hook!r}")
-        self.hooks = (*self.hooks, hook)
+            raise InvalidArgument(f"a {self.what} must be callable, got {item!r}")
+        self.items = (*self.items, item)
 
-        def unsubscribe() -> None:
-            self.hooks = tuple(h for h in self.hooks if h is not hook)
+        def remove() -> None:
+            self.items = tuple(i for i in self.items if i is not item)
 
-        return unsubscribe
+        return remove
+
+
+class Hooks(_Callables[Hook]):
+    """A service's event subscribers."""
+
+    __slots__ = ()
+    what = "hook"
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        return self.items
 
     def emit(self, event: Event) -> None:
-        for hook in self.hooks:
+        for hook in self.items:
             try:
                 hook(event)
             except Exception:
                 log.exception("a tenure event hook failed on a %r event", event.kind)
+
+
+RunWrapper = Callable[[Any], AbstractContextManager[object]]
+"""``wrapper(run)``, given a scheduled run's ``CurrentRun``: a context manager
+entered around the run's task function (``LockService.wrap_runs``)."""
+
+
+class RunWrappers(_Callables[RunWrapper]):
+    """A service's run wrappers."""
+
+    __slots__ = ()
+    what = "run wrapper"
+
+    def around(self, run: Any) -> AbstractContextManager[None]:
+        """Every wrapper entered around the body, in the order added. A wrapper
+        that fails is logged and left out: it cannot break the run, nor change
+        how it ended."""
+        if not self.items:  # the common case costs a scheduler's tick nothing
+            return contextlib.nullcontext()
+        return self._entered(self.items, run)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _entered(wrappers: tuple[RunWrapper, ...], run: Any) -> Iterator[None]:
+        entered = []
+        for wrapper in wrappers:
+            try:
+                manager = wrapper(run)
+                manager.__enter__()
+            except Exception:
+                log.exception("a tenure run wrapper failed entering the run of %r", run.task)
+            else:
+                entered.append(manager)
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            # Left in reverse, each told of the run's error; none may raise
+            # past here nor swallow it.
+            kind, trace = (type(error), error.__traceback__) if error else (None, None)
+            for manager in reversed(entered):
+                try:
+                    manager.__exit__(kind, error, trace)
+                except Exception:
+                    log.exception("a tenure run wrapper failed leaving a run")
 
 
 _LEVELS = {

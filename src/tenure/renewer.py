@@ -261,14 +261,36 @@ class Renewer:
             await self._renew(store, batch)
             self._push(batch)
 
+    async def _renew_mixed(
+        self, store: Store, batch: list[LeaseState], items: list[RenewItem]
+    ) -> list[bool]:
+        """Locks and semaphore permits (a subclass of LeaseState) due together:
+        one call each, sent together; the answers in the batch's order."""
+        locks = [i for i, state in enumerate(batch) if state.__class__ is LeaseState]
+        permits = [i for i, state in enumerate(batch) if state.__class__ is not LeaseState]
+        calls = []
+        if locks:
+            calls.append(store.renew([items[i] for i in locks]))
+        calls.append(store.semaphores.renew([items[i] for i in permits]))
+        self.round_trips += len(calls)
+        answers = await asyncio.gather(*calls)
+        results = [False] * len(batch)
+        for indices, answer in zip((locks, permits) if locks else (permits,), answers, strict=True):
+            for i, ok in zip(indices, answer, strict=True):
+                results[i] = ok
+        return results
+
     async def _renew(self, store: Store, batch: list[LeaseState]) -> None:
         sent = time.monotonic()
         # Never wait on the store past the earliest deadline in the batch: by
         # then that lease is lost whatever the answer.
         budget = max(0.05, min(state.deadline for state in batch) - sent)
         items = [RenewItem(state.name, state.token, state.ttl) for state in batch]
-        self.round_trips += 1
-        call = asyncio.ensure_future(store.renew(items))
+        if all(state.__class__ is LeaseState for state in batch):
+            self.round_trips += 1
+            call = asyncio.ensure_future(store.renew(items))
+        else:
+            call = asyncio.ensure_future(self._renew_mixed(store, batch, items))
         try:
             # Waited for, never cancelled: cancelling a driver mid-call can cost
             # more than the call (psycopg then sends a cancel request and waits

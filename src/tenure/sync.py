@@ -13,16 +13,13 @@ names as the asyncio API, minus ``await``::
             with lock:
                 generate(fence=lock.fencing_token)
 
-One source of truth: this module holds no lock logic of its own. Every call
-goes to the asyncio core (``tenure.LockService``), either on the calling thread
-through the core's one seam for it, ``LockService.direct()`` (acquire and
-release, on every store with plain calls, ``Store.blocking()``: memory,
-SQLite, Redis and PostgreSQL; no thread hop, so a blocking acquire costs what
-an async one does), or through one event-loop thread per service (waits,
-etcd, and everything but acquire and release: the asyncio connections live on
-that loop). The core's renewer thread
-keeps every held lock alive whatever the calling thread does, CPU-bound work
-included.
+One source of truth: no lock logic here. Every call goes to the asyncio core
+(``tenure.LockService``), on the calling thread through its one seam for it,
+``LockService.direct()`` (a lock's acquire and release on every store with
+plain calls, ``Store.blocking()``: no thread hop), or through one event-loop
+thread per service (waits, etcd, semaphores, elections, everything else).
+The core's renewer thread keeps every held lock alive whatever the calling
+thread does, CPU-bound work included.
 
 * **Threads.** A service may be used from any number of threads at once; a
   lock acquired in one thread may be released from another.
@@ -30,11 +27,9 @@ included.
   ``fn`` to its end on the calling thread and then raises ``LockLost`` if the
   lock was lost meanwhile; ``lock.held`` / ``current_lock().held`` let long
   work check as it goes, from any thread.
-* **Fork.** After ``os.fork()`` (gunicorn ``--preload``, Celery prefork,
-  ``multiprocessing`` with fork) the child neither renews nor releases the
-  parent's locks, and its Lock objects say ``held == False`` (``lost``, with
-  the reason); the parent keeps them. A service used in the child opens
-  connections and a renewer of its own at its next call.
+* **Fork.** After ``os.fork()`` (gunicorn ``--preload``, Celery prefork) the
+  child neither renews nor releases the parent's locks (its Lock objects say
+  ``lost``, with the reason); it opens connections of its own at its next call.
 """
 
 from __future__ import annotations
@@ -57,26 +52,31 @@ from ._portal import Portal
 from .errors import (
     ConfigurationError,
     InvalidArgument,
+    LimitMismatch,
     LockLost,
     StoreUnavailable,
     TenureError,
     WaitQueueFull,
 )
-from .events import Hook
+from .events import Hook, RunWrapper
 from .locks import WAITERS, Outcome
 from .stores.audit import ForcedRelease
 from .stores.base import Store
 
 __all__ = (
     "ConfigurationError",
+    "Election",
     "InvalidArgument",
+    "LimitMismatch",
     "Lock",
     "LockLost",
     "LockService",
     "Outcome",
     "Scheduler",
+    "Semaphore",
     "StoreUnavailable",
     "TenureError",
+    "Term",
     "WaitQueueFull",
     "current_lock",
     "current_run",
@@ -241,6 +241,10 @@ class LockService:
         returns the function that unsubscribes it."""
         return self._core.subscribe(hook)
 
+    def wrap_runs(self, wrapper: RunWrapper) -> Callable[[], None]:
+        """``tenure.LockService.wrap_runs``: ``wrapper(run)`` around each scheduled run."""
+        return self._core.wrap_runs(wrapper)
+
     def __enter__(self) -> LockService:
         self.start()
         return self
@@ -267,10 +271,7 @@ class LockService:
     def waiting(self, name: str) -> int:
         """Callers of this service waiting for ``name``, in line (as the asyncio one)."""
 
-        async def count() -> int:
-            return self._core.waiting(name)
-
-        return self._portal.call(count())
+        return self._portal.call(_answer(self._core.waiting, name))  # on the loop thread
 
     def force_release(
         self, name: str, *, operator: str | None = None, reason: str | None = None
@@ -294,6 +295,14 @@ class LockService:
             # Waiting needs the store's waiters, which live on the loop thread.
             lock = self._portal.call(self._core.acquire(name, ttl=ttl, wait=wait))
         return None if lock is None else Lock(self, lock)
+
+    def semaphore(self, name: str, limit: int) -> Semaphore:  # see tenure.Semaphore
+        return Semaphore(self, self._core.semaphore(name, limit))
+
+    def election(self, name: str, **callbacks: Callable[..., Any] | None) -> Election:
+        """The election ``name`` (``on_elected=``, ``on_revoked=``: see tenure.Election);
+        ``serve()`` calls them on the thread that called it."""
+        return Election(self, name, **callbacks)
 
     def run_exclusively(
         self,
@@ -320,6 +329,13 @@ class LockService:
         if lock is None:
             log.debug("run_exclusively(%r): held elsewhere, skipped", name)
             return Outcome.SKIPPED
+        return self.run_holding(lock, fn, args, kwargs)
+
+    def run_holding(
+        self, lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Outcome:
+        """Run ``fn`` on this thread under ``lock`` (held), release it, raise
+        LockLost if it was lost meanwhile: ``run_exclusively``'s second half."""
         # Both current_lock()s answer inside fn: this module's gives the blocking
         # Lock, tenure.current_lock() the asyncio one behind it.
         reset = _current.set(lock)
@@ -361,6 +377,10 @@ class LockService:
         return decorate
 
 
+async def _answer(fn: Callable[[str], T], name: str) -> T:
+    return fn(name)
+
+
 _live: weakref.WeakSet[LockService] = weakref.WeakSet()
 
 
@@ -375,5 +395,6 @@ if hasattr(os, "register_at_fork"):
 
 # The scheduler for blocking code lives with the asyncio one; it only needs
 # this module at run time, so it is imported last.
+from .locks.blocking import Election, Semaphore, Term  # noqa: E402
 from .schedule.blocking import BlockingScheduler as Scheduler  # noqa: E402
 from .schedule.runs import current_run  # noqa: E402

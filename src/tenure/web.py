@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
+from .locks.election import shown
 from .schedule import Scheduler
 from .schedule.view import defined_tasks, run_fields
 from .stores.base import Store
@@ -59,7 +60,8 @@ async def state(store: Store, scheduler: Scheduler | None) -> dict[str, Any]:
     return {
         "store": store.describe(),
         "now": time.time(),
-        "holders": [dataclasses.asdict(h) for h in holders],  # LeaseInfo: never a token
+        # LeaseInfo: never a token; an election's term named as such
+        "holders": [{**dataclasses.asdict(h), "name": shown(h.name)} for h in holders],
         "tasks": tasks,
     }
 

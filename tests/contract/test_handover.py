@@ -318,8 +318,14 @@ async def test_a_waiter_paused_across_the_hand_over_keeps_the_lock(
     keys = peek("paused")
     wait = 1.0 if deadline == "passed" else 20.0
     started = time.monotonic()
-    stopped, handed_fence = await stop_across_a_hand_over(keys, raw, worker, wait)
-    resume_at = started + wait + 0.2 if deadline == "passed" else stopped + 1.0
+    # Handed over as late and woken as soon as the case allows: the hand-over
+    # is trusted for only HANDOVER_GRACE after it, and a loaded host can take
+    # a while to run the woken waiter.
+    release_at = started + wait - 0.1 if deadline == "passed" else 0.0
+    stopped, handed_fence = await stop_across_a_hand_over(
+        keys, raw, worker, wait, release_at=release_at
+    )
+    resume_at = started + wait + 0.05 if deadline == "passed" else time.monotonic() + 0.1
     await asyncio.sleep(max(0.0, resume_at - time.monotonic()))
     assert time.monotonic() - stopped < handover_lease(TTL), "the hand-over lease still runs"
     worker.signal(signal.SIGCONT)
@@ -341,7 +347,10 @@ async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
     grant (C9: never a lock it may not have); it gives it back and takes a
     fresh one."""
     keys = peek("stale")
-    _, handed_fence = await stop_across_a_hand_over(keys, raw, worker, 20.0, "stale")
+    # Stopped once its calls after queueing (PostgreSQL: the LISTEN, and the
+    # call after it) are answered: a call in flight across a stop this long
+    # would time out at the resume, its answer unread.
+    _, handed_fence = await stop_across_a_hand_over(keys, raw, worker, 20.0, "stale", settle=0.5)
     handed = time.monotonic()
     trusted_until = handed + handover_lease(TTL) - safety_margin(TTL)
     await asyncio.sleep(max(0.0, trusted_until + 0.5 - time.monotonic()))
@@ -356,15 +365,25 @@ async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
 
 
 async def stop_across_a_hand_over(
-    keys: Peek, raw: BlockingLeases, worker: Worker, wait: float, name: str = "paused"
+    keys: Peek,
+    raw: BlockingLeases,
+    worker: Worker,
+    wait: float,
+    name: str = "paused",
+    *,
+    settle: float = 0.0,
+    release_at: float = 0.0,
 ) -> tuple[float, int]:
-    """Queue the worker, SIGSTOP it, hand it the lock; when it stopped, and the fence."""
+    """Queue the worker, SIGSTOP it ``settle`` seconds later, hand it the lock
+    (at ``release_at`` if later); when it stopped, and the fence."""
     assert raw.acquire(name, HELD, TTL, "raw-holder") is not None
     worker.send(f"acquire {name} {TTL} {wait}")
     await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
+    await asyncio.sleep(settle)
     worker.signal(signal.SIGSTOP)
     stopped = time.monotonic()
-    await asyncio.sleep(0.5)  # past any BLPOP it had sent (a third of a second at most)
+    # Past any BLPOP it had sent (a third of a second at most).
+    await asyncio.sleep(max(0.5, release_at - time.monotonic()))
     assert raw.release(name, HELD) is True
     assert (keys.holder() or "").split(":")[1] == str(worker.pid), "handed to a stopped process"
     unread = keys.note_unread()

@@ -442,6 +442,48 @@ async def test_cancelling_a_plain_function_keeps_the_lock_until_it_returns(
     assert await locks.store.holders("cancel-sync") == []
 
 
+@asyncio_only
+@pytest.mark.parametrize("wait", [0.0, 30.0])
+async def test_a_cancelled_acquire_raises_wherever_the_cancel_lands(
+    locks: LockService, wait: float
+) -> None:
+    """Cancelled after 0, 1, 2... turns of the loop, so the cancellation lands
+    at each step of the call's way to the store and back: every one that is
+    accepted ends the call with CancelledError, never with a lock (redis-py
+    on Python 3.11 can swallow one that comes as a command is written), and
+    what the store granted meanwhile is given back."""
+    cancelled = 0
+    returned = []
+    for steps in range(60):
+        task = asyncio.ensure_future(locks.acquire("cancelled", ttl=TTL, wait=wait))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if not task.cancel():  # done before the cancel
+            lock = task.result()
+            assert lock is not None
+            await lock.release()
+            continue
+        try:
+            lock = await task
+        except asyncio.CancelledError:
+            cancelled += 1
+            continue
+        returned.append(steps)
+        if lock is not None:
+            await lock.release()
+    assert returned == [], "cancelled, yet the acquire returned"
+    assert cancelled > 0, "no cancellation reached the call"
+
+    async def given_back() -> bool:
+        return await locks.store.holders("cancelled") == []
+
+    for _ in range(100):
+        if await given_back():
+            break
+        await asyncio.sleep(0.05)
+    assert await given_back(), "a lease a cancelled acquire obtained was kept"
+
+
 async def test_async_with_lock_releases_on_exception(locks: LockService) -> None:
     lock = await locks.acquire("ctx", ttl=TTL)
     assert lock is not None

@@ -69,8 +69,23 @@ def grants(logs: dict[str, list[dict[str, Any]]]) -> list[Grant]:
     return found
 
 
-def violations(history: list[Grant]) -> list[str]:
-    """Everything in the history that breaks the lock contract; [] when it holds."""
+def most_at_once(history: list[Grant]) -> tuple[int, int]:
+    """The most lease intervals that overlap at one instant, and that instant."""
+    edges = sorted(
+        [(g.granted, 1) for g in history] + [(g.end, -1) for g in history],
+        key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
+    )
+    most, at, current = 0, 0, 0
+    for t, step in edges:
+        current += step
+        if current > most:
+            most, at = current, t
+    return most, at
+
+
+def violations(history: list[Grant], limit: int = 1) -> list[str]:
+    """Everything in the history that breaks the lock contract (``limit`` > 1: a
+    semaphore's, at most that many holders at once); [] when it holds."""
     found: list[str] = []
     fences = [g.fence for g in history]
     if len(set(fences)) != len(fences):
@@ -83,11 +98,14 @@ def violations(history: list[Grant]) -> list[str]:
                     f"{b.worker}'s grant (fence {b.fence}), requested after {a.worker}'s "
                     f"completed (fence {a.fence}), has the smaller token"
                 )
-            if b.granted < a.end:
+            if limit == 1 and b.granted < a.end:
                 found.append(
                     f"leases overlap: {a.worker} (fence {a.fence}) until {a.end}, "
                     f"{b.worker} (fence {b.fence}) from {b.granted}"
                 )
+    most, at = most_at_once(history)
+    if limit > 1 and most > limit:
+        found.append(f"{most} permits were held at once (at {at}), the limit is {limit}")
     for g in history:
         for check in g.checks:
             if check["held"] and check["t"] >= check["deadline"]:

@@ -62,11 +62,13 @@ class Run:
         url: str | None = None,
         tasks: int = 1,
         wall_step: float = 0.0,
+        kind: str = "lock",
     ) -> None:
         """Start ``count`` workers; ``url``: another way to the same store (a proxy);
         ``tasks``: workers inside each process; ``wall_step``: seconds by which each
-        steps its wall clock after its first grant (see worker.py)."""
-        env = dict(self.env, TENURE_FAULT_WALL_STEP=str(wall_step))
+        steps its wall clock after its first grant; ``kind``: what they take, a lock,
+        ``semaphore:N`` or ``election`` (see worker.py)."""
+        env = dict(self.env, TENURE_FAULT_WALL_STEP=str(wall_step), TENURE_FAULT_KIND=kind)
         for _ in range(count):
             name = f"w{len(self.workers)}"
             self.workers[name] = subprocess.Popen(
@@ -187,10 +189,13 @@ def test_holder_wall_clock_stepped_by_an_hour(run: Run, step: float) -> None:
     assert run.stats() == (5, 5, 0)
 
 
-def test_holder_paused_past_twice_the_ttl(run: Run) -> None:
-    run.start(1, iterations=1, hold=0.3)
+@pytest.mark.parametrize("kind", ["lock", "election"])
+def test_holder_paused_past_twice_the_ttl(run: Run, kind: str) -> None:
+    """``election``: the same with terms (the paused leader's write is refused by
+    its term number)."""
+    run.start(1, iterations=1, hold=0.3, kind=kind)
     run.wait_until_holding("w0")
-    run.start(3, iterations=3)
+    run.start(3, iterations=3, kind=kind)
     paused_at = time.monotonic_ns()
     os.kill(run.workers["w0"].pid, signal.SIGSTOP)
     time.sleep(2.5 * TTL)
@@ -208,10 +213,12 @@ def test_holder_paused_past_twice_the_ttl(run: Run) -> None:
     assert rejected >= 1
 
 
-def test_holder_killed_frees_the_lock_within_the_ttl(run: Run) -> None:
-    run.start(1, iterations=1, hold=5.0)
+@pytest.mark.parametrize("kind", ["lock", "election"])
+def test_holder_killed_frees_the_lock_within_the_ttl(run: Run, kind: str) -> None:
+    """``election``: a leader SIGKILLed, a campaigning standby elected."""
+    run.start(1, iterations=1, hold=5.0, kind=kind)
     run.wait_until_holding("w0")
-    run.start(2, iterations=2)
+    run.start(2, iterations=2, kind=kind)
     time.sleep(0.2)  # the others are waiting on it
     killed_at = time.monotonic_ns()
     run.workers["w0"].kill()
@@ -222,6 +229,8 @@ def test_holder_killed_frees_the_lock_within_the_ttl(run: Run) -> None:
     after = min(g.granted for g in history if g.worker != "w0")
     assert after > killed_at, "nobody else had it before the kill"
     assert after - killed_at < (TTL + 1.0) * 1e9
+    fences = [g.fence for g in sorted(history, key=lambda g: g.granted)]
+    assert fences == sorted(fences), "fencing tokens (term numbers) rise in grant order"
     value, accepted, _ = run.stats()
     assert value == accepted == 4
 
@@ -239,6 +248,9 @@ def test_the_checker_finds_what_it_is_for() -> None:
     assert any("twice" in v for v in violations(repeated))
     backwards = [_grant("a", 5, 0, 10, 20), _grant("b", 4, 21, 25, 40)]
     assert any("smaller token" in v for v in violations(backwards))
+    three = [_grant("a", 1, 0, 10, 30), _grant("b", 2, 5, 12, 30), _grant("c", 3, 6, 14, 30)]
+    assert violations(three, limit=3) == []
+    assert any("3 permits were held at once" in v for v in violations(three, limit=2))
     told = _grant("a", 1, 0, 10, 20)
     told.checks.append({"t": 20, "held": True, "deadline": 20})
     assert any("past its deadline" in v for v in violations([told]))
@@ -344,7 +356,7 @@ def test_store_paused_for_one_and_a_half_ttls(run: Run, shared_kind: StoreKind) 
 
 
 @contextlib.contextmanager
-def _through_a_proxy(
+def through_a_proxy(
     store: str, tmp_path: Path, postgres_options: str = ""
 ) -> Iterator[tuple[Run, Proxy, str]]:
     """A scenario on the session's Redis or PostgreSQL, a proxy in front of it,
@@ -370,15 +382,17 @@ def _through_a_proxy(
         proxy.close()
 
 
+@pytest.mark.parametrize("kind", ["lock", "election"])
 @pytest.mark.parametrize("store", ["redis", "postgres", "etcd"])
-def test_holder_cut_off_past_its_ttl_then_healed(store: str, tmp_path: Path) -> None:
+def test_holder_cut_off_past_its_ttl_then_healed(store: str, kind: str, tmp_path: Path) -> None:
     """A partition between the holder and the store: its renewals vanish, the store
     expires its lease and grants it to another; once healed, the holder's stale
-    write is refused and its release is a no-op, and the new holder is untouched."""
-    with _through_a_proxy(store, tmp_path) as (scenario, proxy, through_proxy):
-        scenario.start(1, iterations=1, hold=3.5 * TTL, url=through_proxy)
+    write is refused and its release is a no-op, and the new holder is untouched.
+    ``election``: the same with a leader and its term."""
+    with through_a_proxy(store, tmp_path) as (scenario, proxy, through_proxy):
+        scenario.start(1, iterations=1, hold=3.5 * TTL, url=through_proxy, kind=kind)
         scenario.wait_until_holding("w0")
-        scenario.start(2, iterations=2)
+        scenario.start(2, iterations=2, kind=kind)
         for worker in ("w1", "w2"):
             scenario.wait_for(worker, "ready")
         cut_at = time.monotonic_ns()
@@ -458,7 +472,7 @@ def test_a_delayed_release_replayed_after_a_new_grant(store: str, tmp_path: Path
     and leave the new holder untouched."""
     # psycopg prepares a statement on its first use with a round trip of its
     # own: the release then takes two delayed round trips, over the default 2 s.
-    with _through_a_proxy(store, tmp_path, postgres_options="&timeout=5") as (
+    with through_a_proxy(store, tmp_path, postgres_options="&timeout=5") as (
         scenario,
         proxy,
         through_proxy,

@@ -9,6 +9,11 @@ TASKS > 1 runs that many workers as tasks of this one process, sharing one
 LockService, each logging to ``LOG`` with ``-1``, ``-2`` ... before its
 suffix: the only way to contend on the memory store, which lives in one process.
 
+``TENURE_FAULT_KIND`` says what it takes: ``lock`` (the default), ``semaphore:N``
+(a permit of a semaphore of limit N; no fenced resource then, as N holders
+may write at once) or ``election`` (a term, campaigning; released by
+resigning).
+
 With ``TENURE_FAULT_WALL_STEP=SECONDS`` in its environment, the worker steps
 its process's wall clock (``time.time`` and ``time.time_ns``: the wall clock
 of all Python code, tenure's and its drivers') by that much right after its first
@@ -69,8 +74,20 @@ async def main(argv: list[str]) -> None:
             await asyncio.gather(*(work(locks, name, log, argv) for log in logs))
 
 
+async def take(locks: LockService, name: str, ttl: float) -> Lock | None:
+    """A lock, a permit or a term, as ``TENURE_FAULT_KIND`` says."""
+    kind = os.environ.get("TENURE_FAULT_KIND", "lock")
+    if kind.startswith("semaphore:"):
+        return await locks.semaphore(name, int(kind.split(":")[1])).acquire(ttl=ttl, wait=30)
+    if kind == "election":
+        term = await locks.election(name).campaign(ttl=ttl, wait=30)
+        return None if term is None else term.lock
+    return await locks.acquire(name, ttl=ttl, wait=30)
+
+
 async def work(locks: LockService, name: str, log: Log, argv: list[str]) -> None:
     port, n, ttl, hold = int(argv[3]), int(argv[4]), float(argv[5]), float(argv[6])
+    fenced = not os.environ.get("TENURE_FAULT_KIND", "lock").startswith("semaphore:")
     wall_step = float(os.environ.get("TENURE_FAULT_WALL_STEP", "0"))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
@@ -84,7 +101,7 @@ async def work(locks: LockService, name: str, log: Log, argv: list[str]) -> None
         t0 = time.monotonic_ns()
         while True:
             try:
-                lock = await locks.acquire(name, ttl=ttl, wait=30)
+                lock = await take(locks, name, ttl)
                 break
             except StoreUnavailable:  # fail closed: an application retries
                 log(op="unavailable", t=time.monotonic_ns())
@@ -98,7 +115,7 @@ async def work(locks: LockService, name: str, log: Log, argv: list[str]) -> None
             step_the_wall_clock(wall_step, log)
             wall_step = 0
         watching = asyncio.ensure_future(watch(lock, log))
-        answer = await ask(f"read {lock.fencing_token}")
+        answer = await ask(f"read {lock.fencing_token}") if fenced else ["unfenced"]
         await asyncio.sleep(hold)  # the window in which a pause or a kill lands
         log(op="check", t=time.monotonic_ns(), held=lock.held, deadline=deadline_ns(lock))
         w0 = time.monotonic_ns()

@@ -5,6 +5,7 @@ Linux is one clock for every process of the host (and runs through SIGSTOP),
 so the test can compare them with its own.
 
     acquire NAME TTL [WAIT] [AT_NS]  -> {"ok", "fence", "t"}   (AT_NS: spin until then)
+    permit NAME LIMIT TTL            -> {"ok", "fence"}  (a semaphore's permit, held as the lock)
     hold SECONDS                     -> {"held_throughout", "checks"}
     status                           -> {"held", "lost"}
     release                          -> {"released", "held", "lost"}
@@ -46,6 +47,10 @@ async def main(url: str) -> None:
                         pass
                 lock = await locks.acquire(name, ttl=ttl, wait=wait)
                 say(ok=lock is not None, fence=lock and lock.fencing_token, t=time.monotonic_ns())
+            elif cmd == "permit":
+                semaphore = locks.semaphore(args[0], int(args[1]))
+                lock = await semaphore.acquire(ttl=float(args[2]))
+                say(ok=lock is not None, fence=lock and lock.fencing_token)
             elif cmd == "hold":
                 assert lock is not None
                 end = time.monotonic() + float(args[0])

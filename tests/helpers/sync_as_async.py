@@ -9,6 +9,7 @@ one may be released from another.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -43,6 +44,49 @@ class LockOverSync:
         await asyncio.to_thread(self.blocking.__exit__, exc_type, exc, tb)
 
 
+class SemaphoreOverSync:
+    def __init__(self, semaphore: sync.Semaphore) -> None:
+        self.blocking = semaphore
+
+    def __getattr__(self, attribute: str) -> Any:  # name, limit
+        return getattr(self.blocking, attribute)
+
+    async def acquire(self, *, ttl: float = 30.0, wait: float = 0.0) -> Any:
+        permit = await asyncio.to_thread(self.blocking.acquire, ttl=ttl, wait=wait)
+        return None if permit is None else LockOverSync(permit)
+
+    async def run_exclusively(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self.blocking.run_exclusively, fn, *args, **kwargs)
+
+    async def state(self) -> Any:
+        return await asyncio.to_thread(self.blocking.state)
+
+
+class TermOverSync(LockOverSync):
+    async def resign(self) -> bool:
+        return await self.release()
+
+
+class ElectionOverSync:
+    def __init__(self, election: sync.Election) -> None:
+        self.blocking = election
+
+    async def campaign(self, *, ttl: float = 30.0, wait: float = math.inf) -> Any:
+        term = await asyncio.to_thread(self.blocking.campaign, ttl=ttl, wait=wait)
+        return None if term is None else TermOverSync(term.lock)
+
+    async def leader(self) -> str | None:
+        return await asyncio.to_thread(self.blocking.leader)
+
+    async def serve(self, *, ttl: float = 30.0) -> None:
+        # serve() blocks its thread until stop(): a cancelled wait stops it.
+        try:
+            await asyncio.shield(asyncio.to_thread(self.blocking.serve, ttl=ttl))
+        except asyncio.CancelledError:
+            self.blocking.stop()
+            raise
+
+
 class ServiceOverSync:
     """``tenure.LockService``'s methods, each made by ``tenure.sync.LockService``."""
 
@@ -63,6 +107,12 @@ class ServiceOverSync:
     async def acquire(self, name: str, *, ttl: float = 30.0, wait: float = 0.0) -> Any:
         lock = await asyncio.to_thread(self.blocking.acquire, name, ttl=ttl, wait=wait)
         return None if lock is None else LockOverSync(lock)
+
+    def semaphore(self, name: str, limit: int) -> SemaphoreOverSync:
+        return SemaphoreOverSync(self.blocking.semaphore(name, limit))
+
+    def election(self, name: str, **callbacks: Any) -> ElectionOverSync:
+        return ElectionOverSync(self.blocking.election(name, **callbacks))
 
     async def run_exclusively(
         self, name: str, fn: Callable[..., Any], *args: Any, ttl: float = 30.0, **kwargs: Any

@@ -1,4 +1,4 @@
-"""bench/load.py in its smoke mode, so that it cannot rot. Nothing about time is asserted."""
+"""The benchmarks in a few iterations, so that they cannot rot. Nothing about time is asserted."""
 
 from __future__ import annotations
 
@@ -10,27 +10,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_load_benchmark_runs_on_every_store(tmp_path: Path) -> None:
-    chart = tmp_path / "lateness.svg"
+def bench(script: str, *args: str, timeout: float) -> str:
+    """Run ``bench/<script>``; what it printed, once it exited 0."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "load.py"), "--smoke", "--chart", str(chart)],
+        [sys.executable, str(ROOT / "bench" / script), *args],
         check=False,
         capture_output=True,
         text=True,
-        timeout=420,
+        timeout=timeout,
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_load_benchmark_runs_on_every_store(tmp_path: Path) -> None:
+    chart = tmp_path / "lateness.svg"
+    printed = bench("load.py", "--smoke", "--chart", str(chart), timeout=420)
     for store in ("sqlite", "redis", "postgres (fsync=off)", "etcd"):
-        assert f"## {store}" in done.stdout
-    failures = [int(n) for n in re.findall(r"\((\d+)\)", done.stdout)]
-    assert failures and not any(failures), done.stdout
-    assert done.stdout.count("herd: 10 waiters") == 4
+        assert f"## {store}" in printed
+    failures = [int(n) for n in re.findall(r"\((\d+)\)", printed)]
+    assert failures and not any(failures), printed
+    assert printed.count("herd: 10 waiters") == 4
     # The scheduler section: APScheduler and each store, nothing missing or doubled.
-    assert done.stdout.count("missing 0, doubled 0") == 5, done.stdout
+    assert printed.count("missing 0, doubled 0") == 5, printed
     # The chart of the site's benchmarks page: one histogram per contender.
     drawn = chart.read_text()
     assert drawn.startswith("<?xml") and "<svg" in drawn
     for store in ("sqlite", "redis", "postgres", "etcd"):
         assert f"tenure, {store}, 3 instances: median" in drawn
     assert "APScheduler 3, one process: median" in drawn
+
+
+def test_the_semaphore_benchmark_runs(tmp_path: Path) -> None:
+    """bench/semaphores.py on SQLite (the others need only their servers, which
+    the load benchmark's smoke run above starts the same way)."""
+    few = ["--n", "20", "--rounds", "1", "--failovers", "1", "--ttl", "1"]
+    printed = bench("semaphores.py", "--store", "sqlite", *few, timeout=120)
+    assert "permit acquire+release" in printed, printed
+    assert "SQLite: leader SIGKILLed, standby elected after" in printed, printed

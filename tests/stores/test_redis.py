@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tenure.lease import LOST_BY_STORE
 from tenure.stores.redis import RedisStore, version_numbers
 from tenure.stores.redis.blocking import BlockingCalls
 from tenure.stores.redis.scripts import packed_here
+from tenure.stores.semaphores import Queued
 
 from ..conftest import STORES
 from ..helpers.procs import ROOT
@@ -126,6 +128,53 @@ async def test_fencing_keeps_increasing_across_an_empty_restart(server: RedisSer
             assert lock.lost_reason == LOST_BY_STORE
             assert await lock.release() is False
             assert stolen.held
+
+
+async def test_permits_and_terms_are_forgotten_in_an_empty_restart(server: RedisServer) -> None:
+    async with LockService.from_url(server.url) as locks:
+        permit = await locks.semaphore("restart", 1).acquire(ttl=1)
+        term = await locks.election("restart").campaign(ttl=1)
+        assert permit is not None and term is not None
+        server.restart()
+        async with LockService.from_url(server.url) as other:
+            again = await other.semaphore("restart", 1).acquire(ttl=1)
+            elected = await other.election("restart").campaign(ttl=1, wait=0)
+            assert again is not None and elected is not None, "the restart bit"
+            assert again.fencing_token > permit.fencing_token
+            assert elected.fencing_token > term.fencing_token
+            for lost in (permit, term):
+                await asyncio.wait_for(lost.wait_lost(), 5)
+                assert lost.lost_reason == LOST_BY_STORE
+            assert await permit.release() is False and await term.resign() is False
+            assert again.held and elected.held
+
+
+async def test_a_wait_whose_subscribe_the_server_cut_starts_afresh(server: RedisServer) -> None:
+    """A SUBSCRIBE that fails under a restart leaves no half-open pub/sub
+    behind: the next waiter subscribes anew and closing the service is clean
+    (it once raised the listener's "pubsub connection not set")."""
+    async with LockService.from_url(server.url) as holding:
+        permit = await holding.semaphore("cut", 1).acquire(ttl=30)
+        assert permit is not None
+        async with LockService.from_url(server.url) as waiting:
+            semaphore = waiting.semaphore("cut", 1)
+            server._kill()
+            with pytest.raises(StoreUnavailable):  # its SUBSCRIBE is what fails
+                await semaphore.acquire(ttl=1, wait=5)
+            server.start()  # empty: the permit is forgotten
+            freed = await holding.semaphore("cut", 1).acquire(ttl=30)
+            assert freed is not None
+            store, token = waiting.store.semaphores, uuid.uuid4().hex
+            async with store.changes("cut") as changes:
+                queued = await store.acquire("cut", token, 1, waiting.holder, 1, queue=30)
+                assert isinstance(queued, Queued)
+                woken = asyncio.ensure_future(changes.wait(3600))
+                await asyncio.sleep(0.1)
+                assert not woken.done(), "woken by nothing: its pub/sub is broken"
+                await freed.release()
+                await asyncio.wait_for(woken, 10)  # heard: it subscribed anew
+            assert await store.release("cut", token) is False  # queued, never granted
+        assert permit.lost or await permit.release() is False
 
 
 async def test_scripts_are_reloaded_when_the_server_forgot_them(server: RedisServer) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 import tenure.sync
 from tenure import ConfigurationError, LockService
+from tenure.stores.base import Grant
 from tenure.stores.sqlite import APPLICATION_ID, PAGE_SIZE, SCHEMA_VERSION, SQLiteStore
 
 
@@ -195,6 +196,22 @@ async def test_reboot_frees_leases_and_keeps_fencing(tmp_path: Path) -> None:
         lock = await locks.acquire("boot", ttl=1)
         assert lock is not None, "the previous boot's holder is gone"
         assert lock.fencing_token > grant.fencing_token
+
+
+async def test_reboot_frees_permits_and_keeps_the_semaphores_fencing(tmp_path: Path) -> None:
+    path = tmp_path / "boot.db"
+    store = SQLiteStore(path)
+    grant = await store.semaphores.acquire("pool", "d" * 32, 3600, "before-reboot", 1, queue=0)
+    assert isinstance(grant, Grant)
+    await store.aclose()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE tenure_meta SET value = 'previous-boot' WHERE key = 'boot_id'")
+    conn.commit()
+    conn.close()
+    async with LockService.from_url(f"sqlite://{path}") as locks:
+        permit = await locks.semaphore("pool", 1).acquire(ttl=1)
+        assert permit is not None, "the previous boot's holder is gone"
+        assert permit.fencing_token > grant.fencing_token
 
 
 async def test_wall_clock_plays_no_part_in_expiry(

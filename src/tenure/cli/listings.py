@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from ..locks import LockService
+from ..locks.election import shown
 from ..schedule.view import defined_tasks, run_fields
 from ..stores import from_url as store_from_url
 from ..stores.audit import FORCED_KEEP
@@ -103,7 +104,7 @@ async def locks(url: str, prefix: str, as_json: bool) -> None:
         return
     rows = [
         (
-            i.name,
+            shown(i.name),
             i.holder,
             str(i.fencing_token),
             stamp(i.acquired_at) if i.acquired_at is not None else "?",

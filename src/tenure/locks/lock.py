@@ -62,12 +62,15 @@ class Lock:
 
     __slots__ = ("__weakref__", "_lease", "_service", "acquired_at")
 
+    _State: type[LeaseState] = LeaseState
+    """What this grant's lease is (a semaphore's permit has its own kind)."""
+
     def __init__(
         self, service: LockService, name: str, token: str, ttl: float, *, sent: float, fence: int
     ) -> None:
         # What the renewer shares, in an object of its own: the renewer never
         # holds the Lock, and the Lock shows none of the renewer's fields.
-        self._lease = LeaseState(
+        self._lease = self._State(
             name,
             token,
             ttl,

@@ -19,15 +19,17 @@ from .._aio import shielded
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from .._unanswered import Unanswered
 from ..errors import StoreUnavailable, TenureError
-from ..events import Event, EventKind, Hook, Hooks
+from ..events import Event, EventKind, Hook, Hooks, RunWrapper, RunWrappers
 from ..lease import LeaseState
 from ..renewer import Renewer
 from ..stores import from_url as store_from_url
 from ..stores.base import Grant, Store
 from . import forcing, many, running
 from .direct import Direct
+from .election import Election, Term
 from .line import WAITERS, Line
 from .lock import Lock, release_failed
+from .semaphore import Semaphore
 from .waiting import acquire_waiting
 
 __all__ = ("LockService",)
@@ -69,6 +71,8 @@ class LockService:
         self.holder = holder if holder is not None else _holder_id()
         self._owns_store = False
         self._hooks = Hooks()
+        self.run_wrappers = RunWrappers()
+        """What ``wrap_runs`` added; the scheduler enters them around each run."""
         self._renewer = Renewer(store, self._renewal_failed)
         self._held: set[Lock] = set()
         self._closed = False
@@ -110,6 +114,15 @@ class LockService:
         """Call ``hook(event)`` for every event of this service (see ``tenure.events``);
         returns the function that unsubscribes it."""
         return self._hooks.add(hook)
+
+    def wrap_runs(self, wrapper: RunWrapper) -> Callable[[], None]:
+        """Enter ``wrapper(run)``, a context manager, around the function of
+        every run of a scheduled task on this service (``run``: its
+        ``CurrentRun``), in the run's own context: what it makes current (a
+        tracing span) is current in the task function and in what that starts.
+        The function's exception passes through it; a wrapper that fails is
+        logged and left out. Returns the function that removes it."""
+        return self.run_wrappers.add(wrapper)
 
     @property
     def observed(self) -> bool:
@@ -226,6 +239,23 @@ class LockService:
         if wait:
             return await acquire_waiting(self, name, ttl, wait)
         return await self._try_acquire(name, ttl)
+
+    def semaphore(self, name: str, limit: int) -> Semaphore:
+        """The semaphore ``name``: at most ``limit`` permits at once across every
+        process on this store (see :class:`~tenure.locks.semaphore.Semaphore`).
+        Makes no store call."""
+        return Semaphore(self, name, limit)
+
+    def election(
+        self,
+        name: str,
+        *,
+        on_elected: Callable[[Term], Any] | None = None,
+        on_revoked: Callable[[str], Any] | None = None,
+    ) -> Election:
+        """The leader election ``name`` (see :class:`~tenure.locks.election.Election`).
+        Makes no store call."""
+        return Election(self, name, on_elected=on_elected, on_revoked=on_revoked)
 
     def direct(self) -> Direct | None:
         """The blocking seam: acquire and release on the calling thread, with

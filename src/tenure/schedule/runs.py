@@ -201,9 +201,11 @@ class Runs:
 
     async def everywhere(self, task: ScheduledTask, record: RunRecord) -> Outcome:
         """A run without the task's lock (``exclusive=False``)."""
-        reset = _current_run.set(CurrentRun(task.name, record.fire_time, record.run_id, None))
+        run = CurrentRun(task.name, record.fire_time, record.run_id, None)
+        reset = _current_run.set(run)
         try:
-            await _call(task.fn, self.threads)
+            with self.locks.run_wrappers.around(run):
+                await _call(task.fn, self.threads)
         except PoolFull as exc:
             raise Missed(str(exc)) from exc
         finally:
@@ -224,11 +226,13 @@ class Runs:
         if lock is None:
             return Outcome.SKIPPED
         self._fences[record.run_id] = lock.fencing_token
-        reset = _current_run.set(CurrentRun(task.name, record.fire_time, record.run_id, lock))
+        run = CurrentRun(task.name, record.fire_time, record.run_id, lock)
+        reset = _current_run.set(run)
         try:
             if not is_async(task.fn) and self.threads.full():
                 raise Missed(f"thread pool full: {self.threads.describe()}")
-            await self.locks.run_under(lock, task.fn, threads=self.threads)
+            with self.locks.run_wrappers.around(run):
+                await self.locks.run_under(lock, task.fn, threads=self.threads)
         except PoolFull as exc:  # filled up while the lock was acquired
             raise Missed(str(exc)) from exc
         finally:

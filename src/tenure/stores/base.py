@@ -1,7 +1,8 @@
 """The store contract: the one place that says what every store must do.
 
 A store keeps leases (this module) and, beside them, the scheduler's run log
-(``stores.runlog``, offered as ``store.runlog``). A lease is a name held
+(``stores.runlog``, offered as ``store.runlog``) and semaphores
+(``stores.semaphores``, offered as ``store.semaphores``). A lease is a name held
 under a secret token until an expiry that the *store's* clock decides (Redis
 ``PX``, SQL server time, the host's monotonic clock for SQLite); a client
 never compares timestamps that other hosts wrote. Everything above this
@@ -38,6 +39,7 @@ from ._gate import Gate
 
 if TYPE_CHECKING:
     from .runlog import RunLog
+    from .semaphores import Permits
 
 __all__ = (
     "AcquireItem",
@@ -218,6 +220,12 @@ class Store(ABC):
     def runlog(self) -> RunLog:
         """The scheduler's claims and run records, kept in this store beside
         its leases (``stores.runlog``)."""
+
+    @property
+    @abstractmethod
+    def semaphores(self) -> Permits:
+        """The semaphores kept in this store, in a namespace of their own
+        (``stores.semaphores``)."""
 
     @abstractmethod
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:

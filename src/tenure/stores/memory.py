@@ -26,6 +26,7 @@ from ..errors import ConfigurationError
 from .audit import FORCED_KEEP, ForcedRelease, newest
 from .base import BlockingLeases, Grant, LeaseInfo, RenewItem, Store, evict
 from .runlog import RunLog, RunOutcome, RunRecord
+from .semaphores import Ledger, Permits, Queued, SemaphoreState, wake_local
 
 __all__ = ("MemoryStore",)
 
@@ -60,10 +61,15 @@ class MemoryStore(Store):
         self._runs: dict[str, RunRecord] = {}
         self._plain = _PlainCalls(self)
         self._runlog = _MemoryRunLog(self)
+        self._semaphores = _MemoryPermits(self)
 
     @property
     def runlog(self) -> RunLog:
         return self._runlog
+
+    @property
+    def semaphores(self) -> Permits:
+        return self._semaphores
 
     @classmethod
     def named(cls, name: str) -> MemoryStore:
@@ -211,6 +217,44 @@ class _PlainCalls(BlockingLeases):
             except RuntimeError:  # that waiter's loop has closed
                 pass
         return lease.expires > now
+
+
+class _MemoryPermits(Permits):
+    """Semaphores as ledgers in a dict, under the store's mutex."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._ledgers: dict[str, Ledger] = {}
+        self.data_key = store.describe()
+
+    async def acquire(
+        self, name: str, token: str, ttl: float, holder: str, limit: int, *, queue: float
+    ) -> Grant | Queued | None:
+        with self._store._mutex:
+            ledger = self._ledgers.setdefault(name, Ledger())
+            return ledger.acquire(
+                name, token, ttl, holder, limit, queue=queue, now=time.monotonic()
+            )
+
+    async def release(self, name: str, token: str) -> bool:
+        with self._store._mutex:
+            ledger = self._ledgers.get(name)
+            released = ledger is not None and ledger.release(token, time.monotonic())
+        wake_local(self.data_key, name)
+        return released
+
+    async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        now = time.monotonic()
+        with self._store._mutex:
+            return [
+                (ledger := self._ledgers.get(item.name)) is not None
+                and ledger.renew(item.token, item.ttl, now)
+                for item in batch
+            ]
+
+    async def state(self, name: str) -> SemaphoreState:
+        with self._store._mutex:
+            return self._ledgers.get(name, Ledger()).state(name, time.monotonic(), 1.0)
 
 
 class _MemoryRunLog(RunLog):

@@ -15,7 +15,8 @@ queue for a turn, first come, first served), ``tls`` (true/false), ``ca``,
 
 Where the rest lives: ``keys`` (the key layout), ``transport`` (the gRPC
 channel, failover, retry), ``grants`` (shared etcd leases, acquire, renewal),
-``waiting`` (the release watch), ``runlog`` (claims and run records).
+``waiting`` (the release watch), ``runlog`` (claims and run records),
+``semaphores`` (permits and their queue).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..base import AcquireItem, Grant, LeaseInfo, ReleaseItem, RenewItem, Store
 from .grants import Grants, Shared
 from .keys import MAX_TXN_OPS, Keys, delete, digest, is_, prefix_end
 from .runlog import EtcdRunLog
+from .semaphores import EtcdPermits
 from .transport import Transport
 from .waiting import Waiting
 
@@ -120,6 +122,7 @@ class EtcdStore(Store):
         self.grants = Grants(
             self.transport, self.keys, self._shared, self.waiting, self.release_many
         )
+        self._semaphores = EtcdPermits(self.transport, self.keys, self.grants)
         self._runlog = EtcdRunLog(self, self.transport, self.keys)
 
     @classmethod
@@ -170,6 +173,10 @@ class EtcdStore(Store):
     @property
     def runlog(self) -> EtcdRunLog:
         return self._runlog
+
+    @property
+    def semaphores(self) -> EtcdPermits:
+        return self._semaphores
 
     def sibling(self) -> EtcdStore:
         # gRPC's asyncio channels belong to one loop; the leases and the

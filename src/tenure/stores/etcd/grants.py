@@ -63,6 +63,8 @@ class Shared:
     leases: dict[float, Lease] = field(default_factory=dict)
     owned: dict[str, tuple[str, int]] = field(default_factory=dict)
     """token -> (name, lease id): registered before the acquire is sent."""
+    permits: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """The same for semaphore permits and queue entries (``semaphores``)."""
 
 
 class Grants:
@@ -82,7 +84,8 @@ class Grants:
         self.waiting = waiting
         self.release_many = release_many
 
-    async def _lease_for(self, ttl: float) -> Lease:
+    async def lease_for(self, ttl: float) -> Lease:
+        """The shared etcd lease for ``ttl``, granted when there is none yet."""
         with self.shared.guard:
             lease = self.shared.leases.get(ttl)
         # A lease past its known lifetime may be gone; a fresh one costs a
@@ -106,7 +109,7 @@ class Grants:
         with self.shared.guard:
             self.shared.owned.pop(token, None)
 
-    def _forget_lease(self, lease_id: int) -> None:
+    def forget_lease(self, lease_id: int) -> None:
         with self.shared.guard:
             for ttl, known in list(self.shared.leases.items()):
                 if known.id == lease_id:
@@ -152,7 +155,7 @@ class Grants:
         """Acquires of one TTL (distinct names) in one transaction, on one shared lease."""
         ttl = items[0].ttl
         for _attempt in (1, 2):
-            lease = await self._lease_for(ttl)
+            lease = await self.lease_for(ttl)
             with self.shared.guard:
                 for item in items:
                     self.shared.owned[item.token] = (item.name, lease.id)
@@ -170,13 +173,13 @@ class Grants:
                 for item in items:
                     self.disown(item.token)
                 if isinstance(answer, StoreUnavailable) and "lease not found" in str(answer):
-                    self._forget_lease(lease.id)
+                    self.forget_lease(lease.id)
                     continue
                 raise answer
             grants = self._granted(items, answer)
             if isinstance(alive, BaseException) or alive <= 0:
                 if not isinstance(alive, BaseException):
-                    self._forget_lease(lease.id)  # expired under us: the keys went with it
+                    self.forget_lease(lease.id)  # expired under us: the keys went with it
                     for item in items:
                         self.disown(item.token)
                     continue
@@ -222,8 +225,21 @@ class Grants:
         return grants
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
+        return await self.renew_owned(
+            batch, self.shared.owned, lambda item: self.keys.token(item.name)
+        )
+
+    async def renew_owned(
+        self,
+        batch: Sequence[RenewItem],
+        owned: dict[str, tuple[str, int]],
+        key_of: Callable[[RenewItem], bytes],
+    ) -> list[bool]:
+        """Renew the leases that ``batch``'s tokens are on (``owned``: token ->
+        (name, lease id)); an item is still held while ``key_of(item)`` is
+        attached to its lease."""
         with self.shared.guard:
-            where = [self.shared.owned.get(item.token) for item in batch]
+            where = [owned.get(item.token) for item in batch]
             leases = {lease.id: lease for lease in self.shared.leases.values()}
         lease_ids = sorted({entry[1] for entry in where if entry is not None})
         sent = time.monotonic()
@@ -246,13 +262,14 @@ class Grants:
                 if lease_id in leases:
                     leases[lease_id].valid_until = max(leases[lease_id].valid_until, sent + ttl)
             else:
-                self._forget_lease(lease_id)
+                self.forget_lease(lease_id)
         results = []
         for item, entry in zip(batch, where, strict=True):
             keys = alive.get(entry[1]) if entry is not None else None
-            ok = keys is not None and self.keys.token(item.name) in keys
+            ok = keys is not None and key_of(item) in keys
             if not ok:  # lost for good: the holder is told, and nothing renews it again
-                self.disown(item.token)
+                with self.shared.guard:
+                    owned.pop(item.token, None)
             results.append(ok)
         await self._sweep(alive)
         return results
@@ -263,9 +280,14 @@ class Grants:
         with self.shared.guard:
             # Any name this process holds or is acquiring stays, whatever its lease.
             mine = {name for name, _ in self.shared.owned.values()}
+            permits = {
+                self.keys.permit(name, token) for token, (name, _) in self.shared.permits.items()
+            }
         ops = []
         for lease_id, keys in alive.items():
             for key in keys:
+                if key.startswith(self.keys.sems) and key not in permits:
+                    ops.append((key, lease_id))
                 for prefix in (self.keys.tokens, self.keys.locks):
                     if key.startswith(prefix):
                         name = key[len(prefix) :].decode()

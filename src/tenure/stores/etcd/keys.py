@@ -6,6 +6,9 @@ Keys (``P`` is the prefix, ``N`` the lock name)::
     P/token/N    sha256 of the grant's secret token: what release and renewal compare
     P/claim/T    the last claimed occurrence of task T (fixed-width µs, so bytes order = time order)
     P/run/T\\0S/R one run record of task T, started at S (fixed-width µs), run id R
+    P/sem/N\\x1fD  a permit or queued waiter of semaphore N (D: its token's sha256),
+                 on an etcd lease; its create revision orders the queue and fences
+    P/semlimit/N the limit of semaphore N
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def digest(token: str) -> bytes:
 class Keys:
     """The key layout of one store (its ``prefix``)."""
 
-    __slots__ = ("claims", "forced", "locks", "runs", "tokens")
+    __slots__ = ("claims", "forced", "limits", "locks", "runs", "sems", "tokens")
 
     def __init__(self, prefix: str) -> None:
         p = prefix.encode()
@@ -78,6 +81,19 @@ class Keys:
         self.claims = p + b"/claim/"
         self.runs = p + b"/run/"
         self.forced = p + b"/forced/"
+        self.sems = p + b"/sem/"
+        self.limits = p + b"/semlimit/"
+
+    def permits(self, name: str) -> bytes:
+        """What every permit and queue entry of semaphore ``name`` starts with
+        (a control character ends the name: no other name's can start so)."""
+        return self.sems + name.encode() + b"\x1f"
+
+    def permit(self, name: str, token: str) -> bytes:
+        return self.permits(name) + digest(token)
+
+    def limit(self, name: str) -> bytes:
+        return self.limits + name.encode()
 
     def lock(self, name: str) -> bytes:
         return self.locks + name.encode()

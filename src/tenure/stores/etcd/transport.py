@@ -52,6 +52,9 @@ class Conn:
         self.watcher = Watcher(rpc.WatchStub(channel), metadata=metadata)
         self.broken = False
         self.releases = Releases()
+        """Deletions of lock keys (lock waiters)."""
+        self.freed = Releases(end=b"\x1f")
+        """Deletions of semaphore keys (semaphore waiters)."""
 
 
 class _Broken(Exception):
@@ -148,7 +151,9 @@ class Transport:
             return conn
         if conn is not None:
             self._conns.pop(loop, None)
-            conn.releases.wakeups.wake_all()  # they look again, on the new connection
+            # They look again, on the new connection.
+            conn.releases.wakeups.wake_all()
+            conn.freed.wakeups.wake_all()
             with contextlib.suppress(Exception):
                 await conn.watcher.shutdown()
                 await conn.channel.close()

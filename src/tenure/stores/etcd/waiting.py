@@ -1,9 +1,11 @@
-"""Waiting for an etcd lease: one watch per connection on every lock key's deletion.
+"""Waiting on etcd: one watch per connection on the deletions under a prefix.
 
-Waiters watch ``P/lock/N`` for its deletion from the revision at which they
-saw it held, so a release between that look and the watch is not missed; a
-lease expiry deletes the key too. One watch per connection serves every
-waiter of that event loop, dispatched by name.
+Lock waiters watch ``P/lock/N`` for its deletion from the revision at which
+they saw it held, so a release between that look and the watch is not
+missed; a lease expiry deletes the key too. Semaphore waiters watch the
+deletions of ``P/sem/N\x1f...`` (a permit released or lapsed, a queue entry
+withdrawn) from before their first acquire. One watch per connection and
+prefix serves every waiter of that event loop, dispatched by name.
 """
 
 from __future__ import annotations
@@ -23,16 +25,18 @@ from .keys import Keys, prefix_end
 if TYPE_CHECKING:
     from .transport import Conn, Transport
 
-__all__ = ("SEEN_MAX", "Releases", "Waiting")
+__all__ = ("SEEN_MAX", "Releases", "Waiting", "watch_deletions")
 
 SEEN_MAX = 10_000  # contended names remembered for a wait that may follow
 
 
 class Releases:
-    """One watch per connection on the deletions of every lock key, dispatched
-    to this loop's waiters by name (``wait_released``)."""
+    """One watch per connection on the deletions of every key under a prefix
+    (a lock's, or a semaphore's permits), dispatched to this loop's waiters
+    by name. ``end``: the byte that ends the name within a key, if any."""
 
-    def __init__(self) -> None:
+    def __init__(self, end: bytes | None = None) -> None:
+        self.end = end
         self.wakeups: Wakeups[str] = Wakeups()
         self.watching = False
         self.since = 0
@@ -49,7 +53,10 @@ class Releases:
             self.watching = False
             self.wakeups.wake_all()
             return
-        name = event.kv.key[prefix_length:].decode()
+        key = event.kv.key[prefix_length:]
+        if self.end is not None:
+            key = key.partition(self.end)[0]
+        name = key.decode()
         revision = int(event.kv.mod_revision)
         if len(self.deleted) >= SEEN_MAX:
             self.deleted.clear()
@@ -85,10 +92,7 @@ class Waiting:
         releases = conn.releases
         woken = releases.wakeups.add(name)
         try:
-            if not releases.watching:
-                if releases.starting is None or releases.starting.done():
-                    releases.starting = asyncio.ensure_future(self._watch_releases(conn, seen))
-                await asyncio.shield(releases.starting)
+            await watch_deletions(self.transport, conn, releases, self.keys.locks, seen)
             if seen is None:
                 # No acquire of ours saw it held (a waiter whose turn came in
                 # its process's line): look now that the watch runs, so that a
@@ -105,34 +109,45 @@ class Waiting:
         finally:
             releases.wakeups.remove(name, woken)
 
-    async def _watch_releases(self, conn: Conn, seen: int | None) -> None:
-        """Start this connection's one watch on every lock key's deletion, from
-        just after ``seen`` (the revision at which the first waiter saw its lock
-        held), or from now."""
-        releases = conn.releases
-        start = self.keys.locks
 
-        async def on_event(event: Any) -> None:  # a deletion, or the stream's error
-            releases.on_event(len(start), event)
+async def watch_deletions(
+    transport: Transport, conn: Conn, releases: Releases, start: bytes, seen: int | None
+) -> None:
+    """Make sure ``conn``'s one watch on the deletions of every key under
+    ``start`` runs: when it does not, start it from just after revision
+    ``seen`` (at which the first waiter saw what it waits for), or from now.
+    Callers arriving while it starts share the start."""
+    if releases.watching:
+        return
+    if releases.starting is None or releases.starting.done():
+        releases.starting = asyncio.ensure_future(_watch(transport, conn, releases, start, seen))
+    await asyncio.shield(releases.starting)
 
-        if seen is None:
-            answer = await self.transport.call("Range", "kv", rpc.RangeRequest(key=start, limit=1))
-            seen = int(answer.header.revision)
-        try:
-            await asyncio.wait_for(
-                conn.watcher.add_callback(
-                    start,
-                    on_event,
-                    range_end=prefix_end(start),
-                    start_revision=seen + 1,
-                    kind=EventKind.DELETE,
-                ),
-                self.transport.timeout,
-            )
-        except RevisionCompactedError:  # that revision is gone: from now, and look again
-            await self._watch_releases(conn, None)
-            return
-        except (TimeoutError, grpc.aio.AioRpcError) as exc:
-            raise self.transport.failed(conn, exc) from exc
-        releases.since = seen + 1
-        releases.watching = True
+
+async def _watch(
+    transport: Transport, conn: Conn, releases: Releases, start: bytes, seen: int | None
+) -> None:
+    async def on_event(event: Any) -> None:  # a deletion, or the stream's error
+        releases.on_event(len(start), event)
+
+    if seen is None:
+        answer = await transport.call("Range", "kv", rpc.RangeRequest(key=start, limit=1))
+        seen = int(answer.header.revision)
+    try:
+        await asyncio.wait_for(
+            conn.watcher.add_callback(
+                start,
+                on_event,
+                range_end=prefix_end(start),
+                start_revision=seen + 1,
+                kind=EventKind.DELETE,
+            ),
+            transport.timeout,
+        )
+    except RevisionCompactedError:  # that revision is gone: from now, and look again
+        await _watch(transport, conn, releases, start, None)
+        return
+    except (TimeoutError, grpc.aio.AioRpcError) as exc:
+        raise transport.failed(conn, exc) from exc
+    releases.since = seen + 1
+    releases.watching = True

@@ -82,6 +82,7 @@ from .blocking import BlockingCalls, ensure_schema_on_a_thread
 from .listen import Waiting
 from .runlog import PostgresRunLog
 from .schema import MAX_IDENT_BYTES, MAX_PREFIX_BYTES, SCHEMA_VERSION, check_ident, schema_sql
+from .semaphores import PostgresPermits
 from .sql import Statements
 from .transport import Shared, Transport, connect_timeout
 
@@ -151,6 +152,7 @@ class PostgresStore(Store, HandsOver, PrintsSchema):
         )
         self.gate = self.transport.gate
         self.waiting = Waiting(self.transport, self.listen_url, self.release)
+        self._semaphores = PostgresPermits(self.transport, self.waiting, self.describe())
         self._runlog = PostgresRunLog(self, self.transport, self.sql.names)
         self._blocking: BlockingCalls | None = None
         self._blocking_guard = threading.Lock()
@@ -174,6 +176,10 @@ class PostgresStore(Store, HandsOver, PrintsSchema):
     def schema_sql(self) -> str:
         """The SQL that creates this store's tables (``tenure schema --url URL``)."""
         return self.sql.schema
+
+    @property
+    def semaphores(self) -> PostgresPermits:
+        return self._semaphores
 
     def describe(self) -> str:
         return mask(self.url)

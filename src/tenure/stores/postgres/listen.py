@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -36,6 +36,7 @@ from ..._tokens import new_token
 from ...errors import StoreUnavailable
 from .._waiters import QUEUE_LIFE, Wakeups
 from ..base import Grant, HandedOver
+from ..semaphores import Changes, local_changes
 from .sql import Statements
 from .transport import Transport
 
@@ -104,6 +105,24 @@ class Waiting:
                     await shielded(self.transport.query(self.sql.unwait, (name,)))
         finally:
             self._waiting.remove(name, woken)
+
+    @contextlib.asynccontextmanager
+    async def notes(self, key: str, data_key: str) -> AsyncIterator[Changes]:
+        """Wake-ups for the notes whose payload is ``key`` (a semaphore's
+        release): listening (confirmed) once entered. Without a LISTEN
+        connection (behind a transaction pooler), only this process's own
+        releases wake (``wake_local(data_key, key)``); waiters call again at
+        least every third of QUEUE_LIFE."""
+        if self.listen_url is None:
+            async with local_changes(data_key, key) as changes:
+                yield changes
+            return
+        heard = _Heard(self._waiting, key)
+        try:
+            await self._ensure_listening()
+            yield heard
+        finally:
+            self._waiting.remove(key, heard.woken)
 
     async def acquire_waiting(
         self, name: str, token: str, ttl: float, holder: str, *, timeout: float, handover: float
@@ -245,3 +264,19 @@ class Waiting:
             self._waiting.wake_all()
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(conn.close())
+
+
+class _Heard(Changes):
+    """The notes of one key, read off the store's LISTEN connection."""
+
+    def __init__(self, waiting: Wakeups[str], key: str) -> None:
+        self.waiting = waiting
+        self.key = key
+        self.woken = waiting.add(key)
+
+    async def wait(self, timeout: float) -> None:
+        try:
+            await woken_within(self.woken, timeout)
+        finally:
+            if self.woken.done():
+                self.woken = self.waiting.add(self.key, instead_of=self.woken)

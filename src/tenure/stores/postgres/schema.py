@@ -29,7 +29,8 @@ __all__ = (
     "schema_sql",
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
+SEM_LOCK_CLASS = 0x74656E75  # "tenu": the first key of a semaphore's advisory lock
 MAX_PREFIX_BYTES = 40  # "<prefix>_released" must fit PostgreSQL's 63-byte identifiers
 MAX_IDENT_BYTES = 63
 
@@ -55,6 +56,11 @@ class Names:
         self.forced = pgsql.Identifier(schema, f"{prefix}_forced")
         self.forced_index = pgsql.Identifier(f"{prefix}_forced_name")
         self.meta = pgsql.Identifier(schema, f"{prefix}_meta")
+        self.semaphores = pgsql.Identifier(schema, f"{prefix}_semaphores")
+        self.permits = pgsql.Identifier(schema, f"{prefix}_permits")
+        self.sem_queue = pgsql.Identifier(schema, f"{prefix}_sem_queue")
+        self.sem_acquire = pgsql.Identifier(schema, f"{prefix}_sem_acquire")
+        self.sem_note = pgsql.Literal("\x1fsem\x1f")
         self.channel = f"{prefix}_released"
         self.fence_literal = pgsql.Literal(self.fence.as_string())
         self.lock_key = pgsql.Literal(f"tenure-schema:{schema}.{prefix}")
@@ -72,12 +78,127 @@ class Names:
                 runs_index=self.runs_index,
                 forced=self.forced,
                 forced_index=self.forced_index,
+                semaphores=self.semaphores,
+                permits=self.permits,
+                sem_queue=self.sem_queue,
+                sem_acquire=self.sem_acquire,
+                sem_note=self.sem_note,
+                sem_lock_class=pgsql.Literal(SEM_LOCK_CLASS),
+                channel_literal=pgsql.Literal(self.channel),
                 schema=self.schema,
                 lock_key=self.lock_key,
                 **extra,
             )
             .as_string()
         )
+
+
+# A semaphore (tenure.stores.semaphores): its limit in one row; its permits in
+# slot rows, updated in place as a lock's row is (a released slot keeps its
+# row; slots are made as needed, up to the limit, so no permit adds or removes
+# a row and no dead row piles up under a busy semaphore); its queued waiters
+# in a third table, in ``since`` order. The acquire is a function: it first
+# takes a transaction-scoped advisory lock on the semaphore's name (in memory,
+# no WAL write, released at commit; through a transaction pooler too), so
+# that acquires of one semaphore take turns and each counts the permits the
+# one before granted (READ COMMITTED gives each statement of the function a
+# fresh snapshot). Advisory keys of two ints never meet the one-bigint key of
+# the schema's lock.
+SEMAPHORES = (
+    "CREATE TABLE IF NOT EXISTS {semaphores} (\n"
+    "    name text PRIMARY KEY,\n"
+    "    lim integer NOT NULL\n"
+    ");\n"
+    "CREATE TABLE IF NOT EXISTS {permits} (\n"
+    "    name text NOT NULL,\n"
+    "    slot integer NOT NULL,\n"
+    "    token text,\n"
+    "    holder text,\n"
+    "    fence bigint,\n"
+    "    expires timestamptz NOT NULL,\n"
+    "    acquired timestamptz,\n"
+    "    PRIMARY KEY (name, slot)\n"
+    ");\n"
+    "CREATE TABLE IF NOT EXISTS {sem_queue} (\n"
+    "    name text NOT NULL,\n"
+    "    token text NOT NULL,\n"
+    "    since bigint NOT NULL,\n"
+    "    until timestamptz NOT NULL,\n"
+    "    PRIMARY KEY (name, token)\n"
+    ");\n"
+    "CREATE OR REPLACE FUNCTION {sem_acquire}(p_name text, p_token text, p_holder text,"
+    " p_ttl float8, p_limit integer, p_queue float8, OUT code integer, OUT val bigint)\n"
+    "LANGUAGE plpgsql AS $$\n"
+    "DECLARE\n"
+    "    v_now timestamptz := clock_timestamp();\n"
+    "    v_lim integer; v_count integer; v_others integer := 0; v_ahead integer := 0;\n"
+    "    v_fence bigint; v_since bigint; v_slot integer;\n"
+    "BEGIN\n"
+    "    PERFORM pg_advisory_xact_lock({sem_lock_class}, hashtext(p_name));\n"
+    "    SELECT lim INTO v_lim FROM {semaphores} WHERE name = p_name;\n"
+    "    IF NOT FOUND THEN\n"
+    "        INSERT INTO {semaphores} (name, lim) VALUES (p_name, p_limit)\n"
+    "            ON CONFLICT (name) DO NOTHING;\n"
+    "        v_lim := p_limit;\n"
+    "    END IF;\n"
+    # One look at the slot rows: how many are live, the caller's own (an
+    # acquire resent after its answer was lost), the first free slot.
+    "    SELECT count(*) FILTER (WHERE token IS NOT NULL AND expires > v_now),\n"
+    "           max(fence) FILTER (WHERE token = p_token AND expires > v_now),\n"
+    "           min(slot) FILTER (WHERE token IS NULL OR expires <= v_now)\n"
+    "        INTO v_count, v_fence, v_slot FROM {permits} WHERE name = p_name;\n"
+    "    IF v_fence IS NOT NULL THEN\n"
+    "        UPDATE {permits} SET expires = v_now + make_interval(secs => p_ttl)\n"
+    "            WHERE name = p_name AND token = p_token;\n"
+    "        code := 1; val := v_fence; RETURN;\n"
+    "    END IF;\n"
+    "    IF EXISTS (SELECT 1 FROM {sem_queue} WHERE name = p_name) THEN\n"
+    "        DELETE FROM {sem_queue} WHERE name = p_name AND until <= v_now;\n"
+    "        SELECT since INTO v_since FROM {sem_queue}\n"
+    "            WHERE name = p_name AND token = p_token;\n"
+    "        SELECT count(*), count(*) FILTER (WHERE since < coalesce(v_since,"
+    " 9223372036854775807))\n"
+    "            INTO v_others, v_ahead FROM {sem_queue}\n"
+    "            WHERE name = p_name AND token <> p_token;\n"
+    "    END IF;\n"
+    "    IF v_count = 0 AND v_others = 0 THEN\n"
+    "        IF v_lim <> p_limit THEN\n"
+    "            UPDATE {semaphores} SET lim = p_limit WHERE name = p_name;\n"
+    # Idle: every slot is free, and slot 0 (the first free one) stays.
+    "            DELETE FROM {permits} WHERE name = p_name AND slot >= p_limit;\n"
+    "            v_lim := p_limit;\n"
+    "        END IF;\n"
+    "    ELSIF v_lim <> p_limit THEN\n"
+    "        code := -1; val := v_lim; RETURN;\n"
+    "    END IF;\n"
+    "    IF v_count + v_ahead < v_lim THEN\n"
+    "        IF v_slot IS NOT NULL THEN\n"
+    "            UPDATE {permits} SET token = p_token, holder = p_holder,\n"
+    "                fence = nextval({fence_literal}),\n"
+    "                expires = v_now + make_interval(secs => p_ttl), acquired = v_now\n"
+    "                WHERE name = p_name AND slot = v_slot RETURNING fence INTO v_fence;\n"
+    "        ELSE\n"
+    "            INSERT INTO {permits} (name, slot, token, holder, fence, expires, acquired)\n"
+    "                SELECT p_name, coalesce(max(slot) + 1, 0), p_token, p_holder,\n"
+    "                       nextval({fence_literal}), v_now + make_interval(secs => p_ttl), v_now\n"
+    "                FROM {permits} WHERE name = p_name RETURNING fence INTO v_fence;\n"
+    "        END IF;\n"
+    "        IF v_since IS NOT NULL THEN\n"
+    "            DELETE FROM {sem_queue} WHERE name = p_name AND token = p_token;\n"
+    "        END IF;\n"
+    "        code := 1; val := v_fence; RETURN;\n"
+    "    END IF;\n"
+    "    IF p_queue <= 0 THEN\n"
+    "        code := 0; val := 0; RETURN;\n"
+    "    END IF;\n"
+    "    INSERT INTO {sem_queue} (name, token, since, until)\n"
+    "        VALUES (p_name, p_token, nextval({fence_literal}),\n"
+    "                v_now + make_interval(secs => p_queue))\n"
+    "        ON CONFLICT (name, token) DO UPDATE SET until = excluded.until;\n"
+    "    code := 2; val := v_ahead; RETURN;\n"
+    "END\n"
+    "$$;\n"
+)
 
 
 def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
@@ -132,7 +253,8 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    reason text\n"
         ");\n"
         "CREATE INDEX IF NOT EXISTS {forced_index} ON {forced} (name, at);\n"
-        "CREATE TABLE IF NOT EXISTS {meta} (\n"
+        + SEMAPHORES
+        + "CREATE TABLE IF NOT EXISTS {meta} (\n"
         "    key text PRIMARY KEY,\n"
         "    value text NOT NULL\n"
         ");\n"
@@ -140,8 +262,9 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    ON CONFLICT (key) DO NOTHING;\n"
         "-- The application's database user then needs (replace app_user):\n"
         "-- GRANT USAGE ON SCHEMA {schema} TO app_user;\n"
-        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {forced}, {meta}"
-        " TO app_user;\n"
+        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {forced}, {meta},"
+        " {semaphores}, {permits}, {sem_queue} TO app_user;\n"
+        "-- GRANT EXECUTE ON FUNCTION {sem_acquire} TO app_user;\n"
         "-- GRANT USAGE ON SEQUENCE {fence} TO app_user;\n"
     )
 

@@ -24,7 +24,6 @@ hand-over queue), ``runlog`` (claims and run records), ``operators``
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 from collections.abc import Sequence
@@ -32,7 +31,6 @@ from typing import ClassVar
 from urllib.parse import urlencode
 
 import redis as redis_sync
-from redis.crc import key_slot
 
 from ...errors import ConfigurationError
 from .._gate import Gate
@@ -52,7 +50,8 @@ from ..base import (
 from . import operators
 from .blocking import BlockingCalls
 from .runlog import RedisRunLog
-from .scripts import Keys
+from .scripts import Keys, per_slot
+from .semaphores import RedisPermits
 from .transport import Transport
 from .waiting import Waiting
 
@@ -102,6 +101,9 @@ class RedisStore(Store, HandsOver):
         self.transport = Transport(url, cluster=cluster, pool_max=pool_max)
         self.gate = self.transport.gate
         self.waiting = Waiting(self.transport, self.keys, self.release)
+        self._semaphores = RedisPermits(
+            self.transport, self.keys, self.waiting.releases, self.describe()
+        )
         self._runlog = RedisRunLog(self, self.transport, self.keys)
         self._blocking: BlockingCalls | None = None
         self._blocking_guard = threading.Lock()
@@ -121,6 +123,10 @@ class RedisStore(Store, HandsOver):
     @property
     def runlog(self) -> RedisRunLog:
         return self._runlog
+
+    @property
+    def semaphores(self) -> RedisPermits:
+        return self._semaphores
 
     def describe(self) -> str:
         return mask(self.url)
@@ -164,27 +170,12 @@ class RedisStore(Store, HandsOver):
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         if not batch:
             return []
-        # A script may only touch keys of one hash slot on Redis Cluster: one
-        # call per slot, all sent at once. A single server is one slot group.
-        groups: dict[int, list[int]] = {}
-        for i, item in enumerate(batch):
-            slot = key_slot(self.keys.tag(item.name).encode()) if self.cluster else 0
-            groups.setdefault(slot, []).append(i)
-
-        async def renew_group(indices: list[int]) -> list[int]:
-            keys = [self.keys.lease(batch[i].name) for i in indices]
-            args: list[str | int | float] = []
-            for i in indices:
-                args += [batch[i].token, max(1, round(batch[i].ttl * 1000))]
-            answer: list[int] = await self.transport.script("renew", keys, args)
-            return answer
-
-        answers = await asyncio.gather(*(renew_group(ix) for ix in groups.values()))
-        results = [False] * len(batch)
-        for indices, answer in zip(groups.values(), answers, strict=True):
-            for i, ok in zip(indices, answer, strict=True):
-                results[i] = bool(ok)
-        return results
+        items = [
+            (self.keys.lease(item.name), (item.token, max(1, round(item.ttl * 1000))))
+            for item in batch
+        ]
+        answers = await per_slot(self.transport.script, self.cluster, "renew", items)
+        return [bool(ok) for ok in answers]
 
     async def release(self, name: str, token: str) -> bool:
         return bool(await self.transport.script("release", *self.keys.release(name, token)))

@@ -3,8 +3,10 @@
 Keys of one lock share a hash tag, ``{prefix:name}``: the lease hash
 (``...:lease``), its fencing counter (``...:fence``, never expires), the
 queued waiter (``...:next``), the hand-over notes (``...:handed``) and the
-release channel (``...:released``). Claims share one tag, ``{prefix:claims}``,
-so that a batch of them is one script call on a cluster too; each task's run
+release channel (``...:released``). A semaphore's keys (its permits, their
+expiries, its queue, its limit, its fencing counter, its channel) share
+``{prefix:\x1fsem\x1fname}``. Claims share one tag, ``{prefix:claims}``, so
+that a batch of them is one script call on a cluster too; each task's run
 records (``{prefix:runs:task}``) have a tag of their own.
 
 Each script (``lua/*.lua``, headed by its KEYS, ARGV and return) starts with
@@ -14,12 +16,15 @@ is written once.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
-from typing import cast
+from typing import Any, cast
+
+from redis.crc import key_slot
 
 from ..runlog import RunRecord
 
@@ -32,6 +37,7 @@ __all__ = (
     "evalsha",
     "packed",
     "packed_here",
+    "per_slot",
 )
 
 _SCRIPTS = (
@@ -46,6 +52,10 @@ _SCRIPTS = (
     "start",
     "releases",
     "records",
+    "sem_acquire",
+    "sem_release",
+    "sem_renew",
+    "sem_state",
 )
 PRELUDES = {
     "acquire": ("_grant", "_acquire"),
@@ -56,6 +66,10 @@ PRELUDES = {
     "record": ("_record",),
     "records": ("_record",),
     "start": ("_grant", "_acquire", "_claim", "_record"),
+    "sem_acquire": ("_sem",),
+    "sem_release": ("_sem",),
+    "sem_renew": ("_sem",),
+    "sem_state": ("_sem",),
 }
 """The shared functions (``_*.lua``) each script starts with."""
 
@@ -68,6 +82,11 @@ SOURCES = {name: "".join(map(_read, (*PRELUDES.get(name, ()), name))) for name i
 SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SOURCES.items()}
 """What EVALSHA names each script by: SHA-1 of its source, as the server computes it."""
 _SHA_BYTES = {name: sha.encode() for name, sha in SHAS.items()}
+
+
+_SEMAPHORE = "\x1fsem\x1f"
+"""What a semaphore's hash tag puts before its name (no lock name can hold it)."""
+_SEMAPHORE_KEYS = (":permits", ":expiries", ":queue", ":lives", ":limit", ":fence")
 
 
 class Enlisted(enum.IntEnum):
@@ -110,6 +129,16 @@ class Keys:
     def tag(self, name: str) -> str:
         return f"{{{self.prefix}:{name}}}"
 
+    def semaphore(self, name: str) -> tuple[str, ...]:
+        """A semaphore's keys, in the order its scripts take them (see
+        ``lua/_sem.lua``): one hash tag, which no lock's can be (lock names
+        hold no control character)."""
+        tag = self.tag(_SEMAPHORE + name)
+        return tuple(tag + part for part in _SEMAPHORE_KEYS)
+
+    def semaphore_channel(self, name: str) -> str:
+        return self.tag(_SEMAPHORE + name) + ":freed"
+
     def lease(self, name: str) -> str:
         return self.tag(name) + ":lease"
 
@@ -149,6 +178,37 @@ class Keys:
         trim = keep if record.ended is not None else 0
         payload = json.dumps(record.row())
         return self.runs(record.task), (record.run_id, payload, repr(record.started), trim)
+
+
+Send = Callable[[str, Sequence[str], Sequence[str | int | float]], Awaitable[Any]]
+"""A script call: ``Transport.script``."""
+
+
+async def per_slot(
+    send: Send,
+    cluster: bool,
+    script: str,
+    items: Sequence[tuple[str, Sequence[str | int | float]]],
+) -> list[Any]:
+    """One batch script (one key and its arguments per item, one answer per
+    key, as ``renew.lua``) sent as few times as the keys' hash slots allow: a
+    script may only touch keys of one slot on Redis Cluster, so one call per
+    slot, all sent at once; a single server takes the whole batch in one. The
+    answers come back in the items' order."""
+    groups: dict[int, list[int]] = {}
+    for i, (key, _) in enumerate(items):
+        groups.setdefault(key_slot(key.encode()) if cluster else 0, []).append(i)
+
+    async def call(indices: list[int]) -> Any:
+        args = [arg for i in indices for arg in items[i][1]]
+        return await send(script, [items[i][0] for i in indices], args)
+
+    answers = await asyncio.gather(*(call(indices) for indices in groups.values()))
+    results: list[Any] = [None] * len(items)
+    for indices, answer in zip(groups.values(), answers, strict=True):
+        for i, one in zip(indices, answer, strict=True):
+            results[i] = one
+    return results
 
 
 def packed_here(parts: tuple[bytes | str | int | float, ...]) -> bytes:

@@ -16,9 +16,8 @@ Every redis-py internal the store relies on is used here only.
 * Retry: the stores' one policy (``stores._retry``), once on a broken
   connection, never on a timeout; a script the server does not know (it
   restarted, or its cache was flushed) is loaded and sent again.
-* redis-py's asyncio client (seen with 8.1 on Python 3.11) can swallow a
-  cancellation that arrives while it takes a pooled connection; it is raised
-  again here (:func:`raise_swallowed_cancel`).
+* A cancellation redis-py swallows is raised again after every call
+  (``cancels``).
 """
 
 from __future__ import annotations
@@ -51,16 +50,10 @@ from .._errors import Translated
 from .._gate import Gate
 from .._options import mask, number
 from .._retry import once_more
+from .cancels import cancel_requests, raise_swallowed_cancel
 from .scripts import SHAS, SOURCES, evalsha, packed
 
-__all__ = (
-    "DRIVER_ERRORS",
-    "NOT_SERVED_HERE",
-    "Transport",
-    "cancel_requests",
-    "client",
-    "raise_swallowed_cancel",
-)
+__all__ = ("DRIVER_ERRORS", "NOT_SERVED_HERE", "Transport", "client")
 
 T = TypeVar("T")
 
@@ -113,24 +106,6 @@ def broken(exc: BaseException) -> bool:
     return isinstance(exc, RedisConnectionError)
 
 
-def cancel_requests() -> int:
-    task = asyncio.current_task()
-    return 0 if task is None else task.cancelling()
-
-
-def raise_swallowed_cancel(before: int) -> None:
-    """Raise the cancellation that redis-py swallowed during a call, if it did.
-
-    The call completes, the task's cancel request stays pending
-    (``cancelling()``) and nothing is raised: a waiter would return a lock to
-    a caller that cancelled it. Raised here, the caller's cancellation path
-    gives back what the call obtained. Checked after every redis-py call that
-    takes a pooled connection (the lane's own reads and writes do not).
-    """
-    if cancel_requests() > before:
-        raise asyncio.CancelledError
-
-
 class _Lane:
     """A connection the store keeps pinned for its pre-encoded script calls."""
 
@@ -180,9 +155,12 @@ class Transport:
 
     async def call(self, method: str, *args: Any) -> Any:
         """A redis-py command, in a turn of the gate."""
+        before = cancel_requests()
         with self.translated:
             async with self.gate:
-                return await getattr(self.client, method)(*args)
+                answer = await getattr(self.client, method)(*args)
+        raise_swallowed_cancel(before)
+        return answer
 
     async def script(
         self, name: str, keys: Sequence[str], args: Sequence[str | int | float]
@@ -193,6 +171,7 @@ class Transport:
         here, a coroutine level under the store's method (every uncontended
         lock call takes this path); a failure goes to :meth:`_lane_failed`.
         """
+        before = cancel_requests()
         async with self.gate:
             lane = self._node_lane(keys[0]) if self.cluster else self._lane
             if lane is None or lane.busy:
@@ -201,11 +180,15 @@ class Transport:
             try:
                 with self.translated:
                     try:
-                        return await self._lane_attempt(lane, name, keys, args)
+                        answer = await self._lane_attempt(lane, name, keys, args)
                     except Exception as exc:
-                        return await self._lane_failed(exc, lane, name, keys, args)
+                        answer = await self._lane_failed(exc, lane, name, keys, args)
             finally:
                 lane.busy = False
+        # The script ran (its answer was read): the caller's cancellation
+        # path gives back what it obtained.
+        raise_swallowed_cancel(before)
+        return answer
 
     async def _loaded(
         self, name: str, call: Callable[[], Awaitable[T]], missing: NoScriptError | None = None
@@ -386,6 +369,7 @@ class Transport:
             try:
                 raise_swallowed_cancel(before)  # (taking a pooled connection)
                 await conn.send_packed_command(packed(b"BLPOP", key, seconds), check_health=False)
+                raise_swallowed_cancel(before)  # (rather than block while cancelled)
                 answer = await conn.read_response(timeout=timeout + 2.0)
             except BaseException:
                 # A timeout or a cancellation may leave the reply unread.
@@ -394,4 +378,5 @@ class Transport:
                 await pool.release(conn)
                 raise
             self._poppers.append(conn)
+        raise_swallowed_cancel(before)  # the reply was read: the connection is kept
         return None if answer is None else answer[1]

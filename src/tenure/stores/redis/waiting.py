@@ -30,6 +30,7 @@ from ..._tokens import new_token
 from ...errors import StoreUnavailable
 from .._waiters import QUEUE_LIFE, Wakeups
 from ..base import Grant, HandedOver
+from .cancels import cancel_requests, raise_swallowed_cancel
 from .scripts import Enlisted, Keys
 from .transport import DRIVER_ERRORS, Transport
 
@@ -52,12 +53,14 @@ class Releases:
         self._subscribing: asyncio.Lock | None = None
         self._listener: asyncio.Task[None] | None = None
         self._unsubscribing = Background()
+        """UNSUBSCRIBEs, and closes of failed pub/sub connections."""
 
     async def aclose(self) -> None:
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
+        await self._unsubscribing.finish()
 
     def forget(self, channel: bytes, woken: asyncio.Future[None]) -> None:
         """A waiter of ``channel`` is done with its wake-up future."""
@@ -88,6 +91,7 @@ class Releases:
         One waiter at a time: the listener may only start reading once a first
         SUBSCRIBE has given the pub/sub object its connection.
         """
+        before = cancel_requests()
         if self._subscribing is None:
             self._subscribing = asyncio.Lock()
         async with self._subscribing:
@@ -100,9 +104,19 @@ class Releases:
             confirmed = self.confirmed.get(channel)
             if confirmed is None:
                 confirmed = self.confirmed[channel] = asyncio.Event()
-                await self._pubsub.subscribe(channel)
+                pubsub = self._pubsub
+                try:
+                    await pubsub.subscribe(channel)
+                except BaseException:
+                    # The connection failed under the SUBSCRIBE (a server
+                    # restarting): the next waiter opens a new one, rather than
+                    # wait for a confirmation that cannot come.
+                    self._drop(pubsub)
+                    raise
             if self._listener is None or self._listener.done():
                 self._listener = asyncio.ensure_future(self._listen(self._pubsub))
+        # Subscribed (the listener confirms it for later waiters) and cancelled.
+        raise_swallowed_cancel(before)
         return confirmed
 
     def _unsubscribe(self, channel: bytes) -> None:
@@ -134,17 +148,19 @@ class Releases:
                         confirmed.set()
                 elif message["type"] == "message":
                     self.waiting.wake(channel)
-        except DRIVER_ERRORS as exc:
+        except (*DRIVER_ERRORS, RuntimeError) as exc:  # RuntimeError: it has no connection
             log.debug("the Redis pub/sub connection failed, waiters re-check: %s", exc)
         finally:
-            # Whatever ended the connection, every waiter wakes to re-check, and
-            # the next wait opens a new one.
-            if self._pubsub is pubsub:
-                self._pubsub = None
-                self.confirmed.clear()
-            self.waiting.wake_all()
-            with contextlib.suppress(*DRIVER_ERRORS):
-                await asyncio.shield(pubsub.aclose())
+            self._drop(pubsub)
+
+    def _drop(self, pubsub: Any) -> None:
+        """Whatever ended ``pubsub``'s connection: every waiter wakes to re-check,
+        and the next wait opens a new one."""
+        if self._pubsub is pubsub:
+            self._pubsub = None
+            self.confirmed.clear()
+        self.waiting.wake_all()
+        self._unsubscribing.start(_quietly(pubsub.aclose()))
 
 
 class Waiting:
@@ -281,8 +297,8 @@ class Waiting:
             log.debug("could not withdraw an abandoned waiter of %r: %s", name, exc)
 
 
-async def _quietly(unsubscribing: Awaitable[Any]) -> None:
+async def _quietly(call: Awaitable[Any]) -> None:
     try:
-        await unsubscribing
+        await call
     except DRIVER_ERRORS as exc:
-        log.debug("unsubscribing failed: %s", exc)
+        log.debug("unsubscribing or closing the pub/sub connection failed: %s", exc)

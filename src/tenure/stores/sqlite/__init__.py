@@ -80,6 +80,7 @@ from .database import Database
 from .leases import PlainCalls, Statements
 from .runlog import SQLiteRunLog
 from .schema import APPLICATION_ID, PAGE_SIZE, SCHEMA_VERSION
+from .semaphores import SQLitePermits
 from .waiting import Notifier
 
 __all__ = ("APPLICATION_ID", "PAGE_SIZE", "SCHEMA_VERSION", "SQLiteStore")
@@ -133,6 +134,7 @@ class SQLiteStore(Store):
         self._notifier = Notifier()
         self._plain = PlainCalls(self.db, self.sql, self._notifier)
         self._runlog = SQLiteRunLog(self, self.db, self._plain)
+        self._semaphores = SQLitePermits(self.db, prefix, self.describe(), self._notifier)
         # Open once now, so that a bad path or a foreign file fails at
         # configuration time with a clear message rather than at first use.
         self.db.conn()
@@ -166,6 +168,10 @@ class SQLiteStore(Store):
     @property
     def runlog(self) -> SQLiteRunLog:
         return self._runlog
+
+    @property
+    def semaphores(self) -> SQLitePermits:
+        return self._semaphores
 
     def sibling(self) -> SQLiteStore:
         return self.remade()

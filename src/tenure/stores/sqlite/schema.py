@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import marshal
 import sqlite3
 import time
 from pathlib import Path
 
 from ...errors import ConfigurationError
+from ..semaphores import Ledger
 
 __all__ = (
     "APPLICATION_ID",
@@ -29,7 +31,7 @@ __all__ = (
     "prepare",
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 PAGE_SIZE = 1024
 """Of a database file tenure creates. A grant or release rewrites one small
 row, and every commit appends the pages it changed to the WAL: at a quarter
@@ -66,6 +68,19 @@ def _wal_mode(conn: sqlite3.Connection, busy_timeout: float) -> str:
             if "locked" not in str(exc) or time.monotonic() >= give_up:
                 raise
         time.sleep(0.01)
+
+
+def _clear_semaphores(conn: sqlite3.Connection, prefix: str) -> None:
+    """Drop every semaphore's permits and waiters (their monotonic expiries
+    belong to the boot before), keeping its limit and fencing counter."""
+    rows = conn.execute(f"SELECT name, ledger FROM {prefix}_semaphores").fetchall()
+    for name, blob in rows:
+        ledger = Ledger.load(marshal.loads(blob))
+        ledger.permits, ledger.queue = {}, []
+        conn.execute(
+            f"UPDATE {prefix}_semaphores SET ledger = ? WHERE name = ?",
+            (marshal.dumps(ledger.dump()), name),
+        )
 
 
 def prepare(
@@ -155,6 +170,9 @@ def prepare(
             )
             conn.execute(f"CREATE INDEX {p}_runs_task ON {p}_runs (task, started)")
             conn.execute(
+                f"CREATE TABLE {p}_semaphores (name TEXT PRIMARY KEY, ledger BLOB NOT NULL) STRICT"
+            )
+            conn.execute(
                 f"CREATE TABLE {p}_forced (record_id TEXT PRIMARY KEY, name TEXT NOT NULL,"
                 " at REAL NOT NULL, operator TEXT NOT NULL, evicted TEXT NOT NULL,"
                 " fencing_token INTEGER NOT NULL, reason TEXT) STRICT"
@@ -178,6 +196,7 @@ def prepare(
                 " WHERE token IS NOT NULL"
             )
             conn.execute(f"DELETE FROM {p}_waiters")
+            _clear_semaphores(conn, p)
             conn.execute(
                 f"INSERT OR REPLACE INTO {p}_meta (key, value) VALUES ('boot_id', ?)",
                 (boot,),
