@@ -186,10 +186,15 @@ class EtcdPermits(Permits):
         return Grant(revision)
 
     async def release(self, name: str, token: str) -> bool:
-        self._disown(token)
-        answer = await self.transport.call(
-            "Txn", "kv", rpc.TxnRequest(success=[delete(self.keys.permit(name, token))])
-        )
+        try:
+            answer = await self.transport.call(
+                "Txn", "kv", rpc.TxnRequest(success=[delete(self.keys.permit(name, token))])
+            )
+        finally:
+            # Only now, as for locks: a renewal in flight would otherwise take
+            # the key for an orphan's and delete it first, and this release
+            # would report the permit lost.
+            self._disown(token)
         return bool(answer.responses[0].response_delete_range.deleted)
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
