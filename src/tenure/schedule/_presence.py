@@ -2,10 +2,12 @@
 
 Readers call a ``running`` record ``abandoned`` once the presence lease of its
 instance is gone (``stores._presence``), so an instance holds it for as long as
-its service is open: taken before its first run, renewed by the service's
-renewer like any lock, and taken again when it was lost (the store was out of
-reach for longer than its TTL). One per LockService: its holder names the
-instance in every run record, whichever of its schedulers wrote it.
+its service is open: taken before its first run (``serve()`` and a run by
+hand wait up to ``READY_WAIT`` for it; a run record written before it would
+read ``abandoned``), renewed by the service's renewer like any lock, and taken
+again when it was lost (the store was out of reach for longer than its TTL).
+One per LockService: its holder names the instance in every run record,
+whichever of its schedulers wrote it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from ..errors import StoreUnavailable, TenureError
 from ..locks import Lock, LockService
 from ..stores.runlog import presence_name
 
-__all__ = ("Presence", "presence_of")
+__all__ = ("READY_WAIT", "Presence", "presence_of")
 
 log = logging.getLogger("tenure.scheduler")
+
+READY_WAIT = 2.0
+"""Seconds a first run waits for the presence lease (the store may be out of reach)."""
 
 _RETRY_FIRST = 0.05
 _RETRY_MOST = 2.0
@@ -46,6 +51,8 @@ class Presence:
         self._lock: Lock | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._held = asyncio.Event()
+        self.taken_once = False
+        """Whether it was ever held: only the first runs wait for it."""
 
     @property
     def held(self) -> bool:
@@ -72,6 +79,14 @@ class Presence:
                 return False
         return True
 
+    async def taken(self) -> None:
+        """Before the first run: wait up to ``READY_WAIT`` for the lease. Later
+        runs do not wait, even while it is being taken again: during an
+        outage every tick would stall."""
+        self.keep()
+        if not self.taken_once:
+            await self.ready(READY_WAIT)
+
     async def _keep(self) -> None:
         pause = _RETRY_FIRST
         while True:
@@ -90,6 +105,7 @@ class Presence:
                 if lock is None:  # an earlier grant of ours, unanswered: it lapses
                     continue
                 self._lock = lock
+                self.taken_once = True
                 self._held.set()
                 pause = _RETRY_FIRST
             await lock.wait_lost()

@@ -60,6 +60,7 @@ from .._threads import THREAD_QUEUE, THREADS, WorkerPool
 from ..errors import InvalidArgument, LockLost
 from ..locks import LockService
 from ..stores.runlog import PRESENCE_TTL
+from ._presence import READY_WAIT
 from .interval import interval_seconds
 from .skew import SKEW_WARNING, SkewWatch
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
@@ -72,8 +73,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PRUNE_TASK = "tenure.prune"
 MAX_SLEEP = 1.0
-PRESENCE_READY = 2.0
-"""Seconds ``serve()`` waits for the presence lease before its first tick."""
 
 
 def _seconds(value: object, what: str) -> float:
@@ -249,9 +248,9 @@ class Scheduler:
         self.locks.start()
         # Held before the first run's record is written, or soon after when the
         # store is out of reach now (the runs do not wait for it).
-        await self.tasks.presence.ready(PRESENCE_READY)
+        await self.tasks.presence.taken()
         with contextlib.suppress(TimeoutError):  # the first tick is spread too
-            async with asyncio.timeout(PRESENCE_READY):  # (wait_for may drop a cancel on 3.11)
+            async with asyncio.timeout(READY_WAIT):  # (wait_for may drop a cancel on 3.11)
                 await self.tasks.read_peers()
         watching = asyncio.ensure_future(self._skew.watch())
         try:

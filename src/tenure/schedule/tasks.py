@@ -195,7 +195,7 @@ class ScheduledTaskStore:
         then raised.
         """
         task = self[name]
-        self.presence.keep()  # while it is live, this run's record reads running
+        await self.presence.taken()  # while it is live, this run's record reads running
         if occurrence is not None and task.exclusive:
             return await self._occurrence(task, self._new_start(task, occurrence))
         return await self._guarded(task, occurrence)
