@@ -4,13 +4,14 @@
 #
 # Needs: Python 3.11+ (PYTHON=... picks one), and root or sudo to install the
 # Debian packages of the servers the tests start throwaway instances of (only
-# those missing: redis-server postgresql pgbouncer etcd-server
+# those missing: redis-server redis-sentinel postgresql pgbouncer etcd-server
 # etcd-client chromium chromium-driver, without their recommended packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-sentinel >/dev/null || missing+=(redis-sentinel)
 # PostgreSQL's initdb/postgres live in /usr/lib/postgresql/N/bin, off PATH.
 command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
     || missing+=(postgresql)

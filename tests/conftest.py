@@ -25,6 +25,7 @@ from tenure.stores import Store
 from tenure.stores.memory import MemoryStore
 from tenure.stores.sqlite import SQLiteStore
 
+from .sentinel_servers import RedisSentinels
 from .servers import EtcdCluster, PostgresServer, RedisClusterServers, RedisServer
 
 
@@ -74,7 +75,7 @@ def _sqlite_outage(store: Store) -> Iterator[None]:
 _sessions: dict[type[Any], Any] = {}
 """Servers started once for the whole session, at first use; tests use their own prefix."""
 
-S = TypeVar("S", RedisServer, RedisClusterServers, PostgresServer, EtcdCluster)
+S = TypeVar("S", RedisServer, RedisClusterServers, PostgresServer, EtcdCluster, RedisSentinels)
 
 
 def _session_server(kind: type[S]) -> S:
@@ -91,6 +92,11 @@ def redis_server() -> RedisServer:
 def redis_cluster() -> RedisClusterServers:
     """A three-master Redis Cluster."""
     return _session_server(RedisClusterServers)
+
+
+def redis_sentinels() -> RedisSentinels:
+    """A Redis master, its replica and three sentinels."""
+    return _session_server(RedisSentinels)
 
 
 def postgres_server() -> PostgresServer:
@@ -119,7 +125,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @contextlib.contextmanager
 def _paused(
-    servers: RedisServer | RedisClusterServers | PostgresServer | EtcdCluster,
+    servers: RedisServer | RedisClusterServers | PostgresServer | EtcdCluster | RedisSentinels,
 ) -> Iterator[None]:
     """SIGSTOP the server(s): connections stay open and nothing answers."""
     servers.pause()
@@ -135,6 +141,10 @@ def _redis_outage(store: Store) -> AbstractContextManager[None]:
 
 def _cluster_outage(store: Store) -> AbstractContextManager[None]:
     return _paused(redis_cluster())
+
+
+def _sentinel_outage(store: Store) -> AbstractContextManager[None]:
+    return _paused(redis_sentinels())
 
 
 def _postgres_outage(store: Store) -> AbstractContextManager[None]:
@@ -179,15 +189,35 @@ STORES: dict[str, StoreKind] = {
 }
 
 
-@pytest.fixture(params=sorted(STORES))
-def kind(request: pytest.FixtureRequest) -> StoreKind:
-    return STORES[request.param]
+CONTRACT_ONLY: dict[str, StoreKind] = {
+    # The contract suite's (tests/contract/conftest.py) only: the rest runs on
+    # a single Redis, the same store code.
+    "redis-sentinel": StoreKind(
+        "redis-sentinel",
+        lambda tmp: f"{redis_sentinels().url}?prefix=t{uuid.uuid4().hex[:12]}",
+        _sentinel_outage,
+        True,
+    ),
+}
 
 
-@pytest.fixture(params=sorted(k for k, v in STORES.items() if v.cross_process))
-def shared_kind(request: pytest.FixtureRequest) -> StoreKind:
-    """Only the stores that several processes can share."""
-    return STORES[request.param]
+def store_fixtures(table: dict[str, StoreKind]) -> tuple[Any, Any]:
+    """The ``kind`` and ``shared_kind`` fixtures over ``table``'s stores (a
+    conftest below this one may serve other stores with its own)."""
+
+    @pytest.fixture(params=sorted(table))
+    def kind(request: pytest.FixtureRequest) -> StoreKind:
+        return table[request.param]
+
+    @pytest.fixture(params=sorted(k for k, v in table.items() if v.cross_process))
+    def shared_kind(request: pytest.FixtureRequest) -> StoreKind:
+        """Only the stores that several processes can share."""
+        return table[request.param]
+
+    return kind, shared_kind
+
+
+kind, shared_kind = store_fixtures(STORES)
 
 
 @pytest.fixture

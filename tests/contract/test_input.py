@@ -102,11 +102,10 @@ async def test_run_exclusively_needs_a_callable(locks: LockService) -> None:
 
 @pytest.mark.parametrize("url", ["mysql://localhost/x", "http://x", "nope", "", "sqlite3:///x"])
 def test_unknown_schemes_list_the_known_ones(url: str) -> None:
-    with pytest.raises(
-        ConfigurationError,
-        match="known schemes: etcd, memory, postgres, postgresql, redis, rediss, sqlite, unix",
-    ):
+    known = "etcd, memory, postgres, postgresql, redis, redis+sentinel, rediss, sqlite, unix"
+    with pytest.raises(ConfigurationError) as raised:
         LockService.from_url(url)
+    assert f"known schemes: {known}" in str(raised.value)
 
 
 def test_url_must_be_a_string() -> None:

@@ -63,11 +63,12 @@ class Run:
         tasks: int = 1,
         wall_step: float = 0.0,
         kind: str = "lock",
+        ttl: float = TTL,
     ) -> None:
         """Start ``count`` workers; ``url``: another way to the same store (a proxy);
         ``tasks``: workers inside each process; ``wall_step``: seconds by which each
         steps its wall clock after its first grant; ``kind``: what they take, a lock,
-        ``semaphore:N`` or ``election`` (see worker.py)."""
+        ``semaphore:N`` or ``election`` (see worker.py); ``ttl``: their leases'."""
         env = dict(self.env, TENURE_FAULT_WALL_STEP=str(wall_step), TENURE_FAULT_KIND=kind)
         for _ in range(count):
             name = f"w{len(self.workers)}"
@@ -76,7 +77,7 @@ class Run:
                     sys.executable,
                     *("-m", "tests.faults.worker", url or self.url, "fault-lock"),
                     str(self.tmp / f"{name}.jsonl"),
-                    *(str(self.port), str(iterations), str(TTL), str(hold), str(tasks)),
+                    *(str(self.port), str(iterations), str(ttl), str(hold), str(tasks)),
                 ],
                 env=env,
                 cwd=ROOT,

@@ -33,6 +33,7 @@ _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "sqlite": ("tenure.stores.sqlite", "SQLiteStore", None),
     "redis": ("tenure.stores.redis", "RedisStore", "redis"),
     "rediss": ("tenure.stores.redis", "RedisStore", "redis"),
+    "redis+sentinel": ("tenure.stores.redis", "RedisStore", "redis"),
     "unix": ("tenure.stores.redis", "RedisStore", "redis"),
     "postgresql": ("tenure.stores.postgres", "PostgresStore", "postgres"),
     "postgres": ("tenure.stores.postgres", "PostgresStore", "postgres"),

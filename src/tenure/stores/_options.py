@@ -73,12 +73,13 @@ def options(
 
 def mask(url: str) -> str:
     """The URL with any password replaced, safe to put in a message: the one
-    before the host and a ``password=`` query option (redis-py and libpq take both)."""
+    before the host and a ``password=`` query option (redis-py and libpq take
+    both), or any other ending in ``password`` (``sentinel_password=``)."""
     base, mark, query = url.partition("?")
     if mark:
         pairs = parse_qsl(query, keep_blank_values=True)
-        if any(key.lower() == "password" for key, _ in pairs):
-            masked = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
+        if any(key.lower().endswith("password") for key, _ in pairs):
+            masked = [(k, "***" if k.lower().endswith("password") else v) for k, v in pairs]
             query = urlencode(masked, safe="*/")
     parts = urlsplit(base)
     if parts.password is not None:

@@ -3,7 +3,9 @@
 URL forms: ``redis://[user:password@]host:port/db``, ``rediss://`` (TLS),
 ``unix:///path/to/redis.sock``, with redis-py's query options
 (``socket_timeout``, ``ssl_cert_reqs`` ...) and ours: ``prefix`` (default
-``tenure``), ``cluster`` (``true`` for Redis Cluster) and ``pool_max``.
+``tenure``), ``cluster`` (``true`` for Redis Cluster) and ``pool_max``; and
+``redis+sentinel://host:26379,host:26379/service`` for a master that Redis
+Sentinel manages (``sentinel``).
 
 * Acquire, release and each renewal batch are one Lua script call each (on
   Redis Cluster a batch is one call per hash slot, sent together). Expiry is
@@ -47,7 +49,7 @@ from ..base import (
     Store,
     evict,
 )
-from . import operators
+from . import operators, sentinel
 from .blocking import BlockingCalls
 from .runlog import RedisRunLog
 from .scripts import Keys, per_slot
@@ -86,6 +88,13 @@ class RedisStore(Store, HandsOver):
             raise ConfigurationError(
                 f"Redis key prefix {prefix!r} must be printable, non-empty and free of braces"
             )
+        if cluster and sentinel.is_sentinel(url):
+            raise ConfigurationError(
+                "cluster=true does not go with redis+sentinel://: Sentinel manages one "
+                "master and its replicas; for Redis Cluster use redis://...?cluster=true"
+            )
+        if sentinel.is_sentinel(url):
+            sentinel.parse(url)  # a bad URL fails here, naming what is wrong
         if cluster and version_numbers(redis_sync.__version__) < _CLUSTER_NEEDS:
             raise ConfigurationError(
                 "Redis Cluster needs redis-py 8.2 or newer (before 8.0 its asyncio cluster "
@@ -230,7 +239,10 @@ class RedisStore(Store, HandsOver):
         return int(seconds) + int(micros) / 1e6
 
     async def diagnose(self) -> list[Finding]:
-        return await operators.diagnose(self.transport.client)
+        found = await operators.diagnose(self.transport.client)
+        if sentinel.is_sentinel(self.url):
+            found += await sentinel.diagnose_replication(self.transport.client)
+        return found
 
     async def prune(self, *, keep_runs: int) -> int:
         # Leases expire by themselves in Redis and fencing counters must stay;

@@ -13,7 +13,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import redis as redis_sync
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry as BlockingRetry
@@ -23,7 +22,8 @@ from .._gate import Gate
 from .._retry import once_more_now
 from ..base import BlockingLeases, Grant
 from .scripts import SHAS, SOURCES, Keys, evalsha
-from .transport import DRIVER_ERRORS, NOT_SERVED_HERE, broken, client
+from .sentinel import close_sentinels
+from .transport import DRIVER_ERRORS, NOT_SERVED_HERE, broken, client, factory_for
 
 __all__ = ("BlockingCalls",)
 
@@ -44,7 +44,7 @@ class BlockingCalls(BlockingLeases):
         self.gate = gate
         """The store's gate: blocking and asyncio calls share one bound."""
         self.translated = Translated(DRIVER_ERRORS, gate.what)
-        factory = redis_sync.RedisCluster.from_url if cluster else redis_sync.Redis.from_url
+        factory = factory_for(url, cluster, blocking=True)
         self.client: Any = client(factory, url, pool_max, BlockingRetry)
         self._idle: list[Any] = []
         """Idle connections (single server)."""
@@ -65,6 +65,7 @@ class BlockingCalls(BlockingLeases):
             while idle:
                 pool.release(idle.pop())
         self.client.close()
+        close_sentinels(self.client)
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
         # The translation as an except clause, not ``with self.translated``: this

@@ -29,7 +29,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
+import redis as redis_sync
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel
+import redis.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -50,10 +53,11 @@ from .._errors import Translated
 from .._gate import Gate
 from .._options import mask, number
 from .._retry import once_more
+from . import sentinel
 from .cancels import cancel_requests, raise_swallowed_cancel
 from .scripts import SHAS, SOURCES, evalsha, packed
 
-__all__ = ("DRIVER_ERRORS", "NOT_SERVED_HERE", "Transport", "client")
+__all__ = ("DRIVER_ERRORS", "NOT_SERVED_HERE", "Transport", "client", "factory_for")
 
 T = TypeVar("T")
 
@@ -85,6 +89,17 @@ def client(factory: Any, url: str, pool_max: int, retry: type[Any] = Retry) -> A
         )
     except (ValueError, TypeError, RedisError) as exc:
         raise ConfigurationError(f"bad Redis URL {mask(url)!r}: {exc}") from None
+
+
+def factory_for(url: str, cluster: bool, *, blocking: bool) -> Callable[..., Any]:
+    """What makes the client for ``url``: redis-py's ``from_url`` (Redis Cluster's,
+    or the Sentinel-managed master's for ``redis+sentinel://``)."""
+    if sentinel.is_sentinel(url):
+        managing = redis_sync.sentinel.Sentinel if blocking else aioredis.sentinel.Sentinel
+        return functools.partial(sentinel.master_client, managing)
+    if blocking:
+        return redis_sync.RedisCluster.from_url if cluster else redis_sync.Redis.from_url
+    return aioredis.RedisCluster.from_url if cluster else aioredis.from_url
 
 
 def socket_timeout(url: str) -> float:
@@ -128,8 +143,7 @@ class Transport:
         self.translated = Translated(DRIVER_ERRORS, f"Redis at {mask(url)}")
         self.gate = Gate(pool_max, socket_timeout(url), what=f"Redis at {mask(url)}")
         """The bound on this store's commands in flight (see ``stores._gate``)."""
-        factory: Any = aioredis.RedisCluster.from_url if cluster else aioredis.from_url
-        self.client: Any = client(factory, url, pool_max)
+        self.client: Any = client(factory_for(url, cluster, blocking=False), url, pool_max)
         self._lane = _Lane()
         """The single server's lane."""
         self._node_lanes: dict[str, _Lane] = {}
@@ -152,6 +166,7 @@ class Transport:
         while self._poppers:
             await self.client.connection_pool.release(self._poppers.pop())
         await self.client.aclose()
+        await sentinel.aclose_sentinels(self.client)
 
     async def call(self, method: str, *args: Any) -> Any:
         """A redis-py command, in a turn of the gate."""
