@@ -93,23 +93,38 @@ async def run_under(
 async def _run_async(
     lock: Lock, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
+    # In this task, not a task of its own: a scheduler's tick starts hundreds
+    # of runs, and each function then starts as soon as its run is set up,
+    # not after every other run's set-up. A loss cancels this task, as
+    # asyncio.timeout does, and the cancellation is told from one of ours by
+    # the task's cancel count.
     loop = asyncio.get_running_loop()
     me = asyncio.current_task()
-    work = asyncio.ensure_future(fn(*args, **kwargs))
+    assert me is not None
+    cancels = me.cancelling()
     lost: asyncio.Future[None] = loop.create_future()
-    # The loss cancels the work; our own cancellation reaches it through
-    # the await (and waits for it to unwind). No asyncio.wait: its waiter
-    # and callbacks cost a scheduler's tick a thousand times over.
-    lost.add_done_callback(lambda _: work.cancel())
+    running, cancelled = True, False
+
+    def cancel_the_work(_: object) -> None:
+        nonlocal cancelled
+        if running:
+            cancelled = True
+            me.cancel()
+
+    lost.add_done_callback(cancel_the_work)
     watch = _LossWatch(lock, loop, lost)
     try:
-        await work
+        await fn(*args, **kwargs)
     except asyncio.CancelledError:
-        if lost.done() and (me is None or not me.cancelling()):
+        running = False
+        if cancelled and me.uncancel() <= cancels:  # ours alone
             raise lock.loss_error() from None
         raise
     finally:
+        running = False
         watch.stop()
+    if cancelled:  # the function caught our cancellation and returned
+        me.uncancel()
     if lock.lost:
         raise lock.loss_error()
 

@@ -133,7 +133,7 @@ class SQLiteStore(Store):
         self.sql = Statements(prefix)
         self._notifier = Notifier()
         self._plain = PlainCalls(self.db, self.sql, self._notifier)
-        self._runlog = SQLiteRunLog(self, self.db, self._plain)
+        self._runlog = SQLiteRunLog(self, self.db)
         self._semaphores = SQLitePermits(self.db, prefix, self.describe(), self._notifier)
         # Open once now, so that a bad path or a foreign file fails at
         # configuration time with a clear message rather than at first use.
