@@ -5,7 +5,8 @@
 # Needs: Python 3.11+ (PYTHON=... picks one), and root or sudo to install the
 # Debian packages of the servers the tests start throwaway instances of (only
 # those missing: redis-server redis-sentinel postgresql pgbouncer etcd-server
-# etcd-client chromium chromium-driver, without their recommended packages).
+# etcd-client mariadb-server chromium chromium-driver, without their recommended
+# packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,7 @@ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2
 command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 command -v etcd >/dev/null || missing+=(etcd-server)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
+command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
 # The web page's end-to-end test drives Debian's headless Chromium.
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)

@@ -25,6 +25,7 @@ from tenure.stores import Store
 from tenure.stores.memory import MemoryStore
 from tenure.stores.sqlite import SQLiteStore
 
+from .mysql_server import MariaDBServer
 from .sentinel_servers import RedisSentinels
 from .servers import EtcdCluster, PostgresServer, RedisClusterServers, RedisServer
 
@@ -75,7 +76,15 @@ def _sqlite_outage(store: Store) -> Iterator[None]:
 _sessions: dict[type[Any], Any] = {}
 """Servers started once for the whole session, at first use; tests use their own prefix."""
 
-S = TypeVar("S", RedisServer, RedisClusterServers, PostgresServer, EtcdCluster, RedisSentinels)
+S = TypeVar(
+    "S",
+    RedisServer,
+    RedisClusterServers,
+    PostgresServer,
+    EtcdCluster,
+    RedisSentinels,
+    MariaDBServer,
+)
 
 
 def _session_server(kind: type[S]) -> S:
@@ -97,6 +106,10 @@ def redis_cluster() -> RedisClusterServers:
 def redis_sentinels() -> RedisSentinels:
     """A Redis master, its replica and three sentinels."""
     return _session_server(RedisSentinels)
+
+
+def mariadb_server() -> MariaDBServer:
+    return _session_server(MariaDBServer)
 
 
 def postgres_server() -> PostgresServer:
@@ -125,7 +138,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @contextlib.contextmanager
 def _paused(
-    servers: RedisServer | RedisClusterServers | PostgresServer | EtcdCluster | RedisSentinels,
+    servers: RedisServer
+    | RedisClusterServers
+    | PostgresServer
+    | EtcdCluster
+    | RedisSentinels
+    | MariaDBServer,
 ) -> Iterator[None]:
     """SIGSTOP the server(s): connections stay open and nothing answers."""
     servers.pause()
@@ -149,6 +167,10 @@ def _sentinel_outage(store: Store) -> AbstractContextManager[None]:
 
 def _postgres_outage(store: Store) -> AbstractContextManager[None]:
     return _paused(postgres_server())
+
+
+def _mariadb_outage(store: Store) -> AbstractContextManager[None]:
+    return _paused(mariadb_server())
 
 
 def _etcd_outage(store: Store) -> AbstractContextManager[None]:
@@ -178,6 +200,12 @@ STORES: dict[str, StoreKind] = {
         "postgres",
         lambda tmp: f"{postgres_server().url()}?prefix=t{uuid.uuid4().hex[:12]}",
         _postgres_outage,
+        True,
+    ),
+    "mysql": StoreKind(
+        "mysql",
+        lambda tmp: f"{mariadb_server().url()}?prefix=t{uuid.uuid4().hex[:12]}",
+        _mariadb_outage,
         True,
     ),
     "etcd": StoreKind(

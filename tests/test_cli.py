@@ -163,9 +163,9 @@ def test_bad_arguments_get_the_usage_and_what_was_wrong(args: tuple[str, ...], s
     [
         (("tasks",), "no store URL"),
         (
-            ("tasks", "--url", "mysql://u:secret@h/db"),
-            "known schemes: etcd, memory, postgres, postgresql, redis, redis+sentinel, rediss, "
-            "sqlite, unix",
+            ("tasks", "--url", "mongodb://u:secret@h/db"),
+            "known schemes: etcd, mariadb, memory, mysql, postgres, postgresql, redis, "
+            "redis+sentinel, rediss, sqlite, unix",
         ),
         (("run", "nonsense"), "MODULE:ATTR"),
         (("run", "no_such_module_xyz:app", "--url", "memory://"), "cannot import"),

@@ -100,9 +100,12 @@ async def test_run_exclusively_needs_a_callable(locks: LockService) -> None:
     assert await locks.store.holders() == []
 
 
-@pytest.mark.parametrize("url", ["mysql://localhost/x", "http://x", "nope", "", "sqlite3:///x"])
+@pytest.mark.parametrize("url", ["mongodb://localhost/x", "http://x", "nope", "", "sqlite3:///x"])
 def test_unknown_schemes_list_the_known_ones(url: str) -> None:
-    known = "etcd, memory, postgres, postgresql, redis, redis+sentinel, rediss, sqlite, unix"
+    known = (
+        "etcd, mariadb, memory, mysql, postgres, postgresql, redis, redis+sentinel, rediss, "
+        "sqlite, unix"
+    )
     with pytest.raises(ConfigurationError) as raised:
         LockService.from_url(url)
     assert f"known schemes: {known}" in str(raised.value)
@@ -115,7 +118,7 @@ def test_url_must_be_a_string() -> None:
 
 def test_password_in_a_bad_url_is_masked() -> None:
     with pytest.raises(ConfigurationError) as caught:
-        LockService.from_url("mysql://user:hunter2@localhost/db")
+        LockService.from_url("mongodb://user:hunter2@localhost/db")
     assert "hunter2" not in str(caught.value)
     assert "user:***@localhost" in str(caught.value)
 

@@ -95,7 +95,7 @@ async def test_tables_made_by_hand_serve_a_user_who_cannot_create_them() -> None
 def test_tenure_schema_refuses_other_stores(tmp_path: Path) -> None:
     out = _tenure_schema(f"sqlite://{tmp_path}/x.db")
     assert out.returncode == 2
-    assert "PostgreSQL URLs only" in out.stderr
+    assert "PostgreSQL and MySQL/MariaDB URLs only" in out.stderr
     assert not (tmp_path / "x.db").exists(), "nothing was created"
 
 

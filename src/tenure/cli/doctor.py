@@ -82,9 +82,9 @@ def schema(url: str) -> None:
     kind = store_class(url)
     if not issubclass(kind, PrintsSchema):
         raise ConfigurationError(
-            f"tenure schema prints SQL for PostgreSQL URLs only (the stores with tables to "
-            f"create ahead of time), not a {kind.__name__} URL: the other stores create what "
-            "they need themselves"
+            f"tenure schema prints SQL for PostgreSQL and MySQL/MariaDB URLs only (the stores "
+            f"with tables to create ahead of time), not a {kind.__name__} URL: the other "
+            "stores create what they need themselves"
         )
     store = kind.from_url(url)  # checks the URL; connects to nothing
     assert isinstance(store, PrintsSchema)

@@ -38,6 +38,8 @@ _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "postgresql": ("tenure.stores.postgres", "PostgresStore", "postgres"),
     "postgres": ("tenure.stores.postgres", "PostgresStore", "postgres"),
     "etcd": ("tenure.stores.etcd", "EtcdStore", "etcd"),
+    "mysql": ("tenure.stores.mysql", "MySQLStore", "mysql"),
+    "mariadb": ("tenure.stores.mysql", "MySQLStore", "mysql"),
 }
 
 

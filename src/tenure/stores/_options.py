@@ -15,7 +15,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..errors import ConfigurationError
 
-__all__ = ("POOL_MAX", "POOL_MAX_LIMIT", "check_pool_max", "mask", "number", "options")
+__all__ = (
+    "POOL_MAX",
+    "POOL_MAX_LIMIT",
+    "check_pool_max",
+    "check_timeout",
+    "mask",
+    "number",
+    "options",
+)
 
 POOL_MAX = 10
 """Connections (etcd: calls in flight) a store uses at most by default. A few
@@ -97,3 +105,10 @@ def check_pool_max(value: object, option: str = "pool_max") -> int:
             f"{option} must be a whole number from 1 to {POOL_MAX_LIMIT}, got {value!r}"
         )
     return value
+
+
+def check_timeout(value: object, option: str = "timeout") -> float:
+    """``value`` as seconds if it is a number in (0, 3600]; ConfigurationError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ConfigurationError(f"{option} must be between 0 and 3600 seconds, got {value!r}")
+    return float(value)

@@ -64,7 +64,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import ConfigurationError
 from .._gate import Gate
-from .._options import POOL_MAX, check_pool_max, mask, options
+from .._options import POOL_MAX, check_pool_max, check_timeout, mask, options
 from ..base import (
     AcquireItem,
     Finding,
@@ -118,8 +118,7 @@ class PostgresStore(Store, HandsOver, PrintsSchema):
     ) -> None:
         check_ident(schema, "schema", MAX_IDENT_BYTES)
         check_ident(prefix, "table prefix", MAX_PREFIX_BYTES)
-        if not (isinstance(timeout, int | float) and 0 < timeout <= 3600):
-            raise ConfigurationError(f"timeout must be between 0 and 3600 seconds, got {timeout!r}")
+        check_timeout(timeout)
         check_pool_max(pool_max)
         if pooler not in ("session", "transaction"):
             raise ConfigurationError(f"pooler must be 'session' or 'transaction', got {pooler!r}")

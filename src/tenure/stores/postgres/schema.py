@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from ...errors import ConfigurationError
+from .._schema import check_schema_version
 
 if TYPE_CHECKING:
     from .sql import Statements
@@ -285,19 +286,7 @@ async def ensure(conn: psycopg.AsyncConnection[Any], sql: Statements, where: str
             " `tenure schema --url URL` prints, with its GRANTs"
         ) from exc
     tables = f"the tables {sql.prefix}_* in schema {sql.schema_name!r}"
-    if version is not None and version.isdigit() and int(version) < SCHEMA_VERSION:
-        raise ConfigurationError(
-            f"{where}: {tables} are of an older shape (schema version {version}; this "
-            f"tenure uses {SCHEMA_VERSION}): tenure has no release yet that migrates them. "
-            "Stop every instance, drop them (they hold only leases, claims, run records and "
-            "forced-release records) or use another prefix; `tenure schema` prints the "
-            "current shape"
-        )
-    if version != str(SCHEMA_VERSION):
-        raise ConfigurationError(
-            f"{where}: {tables} have schema version {version!r}, this tenure expects "
-            f"{SCHEMA_VERSION}; use another prefix or schema"
-        )
+    check_schema_version(version, SCHEMA_VERSION, where, tables)
 
 
 async def _version(conn: psycopg.AsyncConnection[Any], sql: Statements) -> str | None:
