@@ -10,6 +10,8 @@ where the store does not grant on release, the waiter's acquire.
     python bench/handoff.py --redis                    (a throwaway redis-server)
     python bench/handoff.py --postgres [--fsync]       (a throwaway PostgreSQL cluster)
     python bench/handoff.py --etcd                     (a throwaway three-member etcd cluster)
+    python bench/handoff.py --mysql [--fsync]          (a throwaway MariaDB server; with
+                                                       --postgres too: both, in one run)
 
 On Redis, python-redis-lock (whose waiters block in BLPOP) is measured the same
 way in the same run, in alternating rounds (``--rounds``, the order swapped
@@ -21,6 +23,11 @@ notifies (an ``UPDATE ... pg_notify``) and its NOTIFY's arrival at a process
 that LISTENs, timed from just before the commit to the arrival; that is what a
 release that grants the lock to the waiter costs at least. ``--fsync`` runs the
 server with ``fsync=on`` (production's setting; the tests' server has it off).
+
+On MySQL/MariaDB (no LISTEN/NOTIFY) a waiter in another process reads the
+lease every 20 ms: its handoff is that poll, beside PostgreSQL's
+notification when both are asked for. ``--fsync`` runs MariaDB with
+``innodb_flush_log_at_trx_commit=1``.
 """
 
 from __future__ import annotations
@@ -159,11 +166,29 @@ def main() -> None:
     parser.add_argument(
         "--etcd", action="store_true", help="start a throwaway etcd cluster (the tests')"
     )
-    parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
+    parser.add_argument(
+        "--mysql", action="store_true", help="start a throwaway MariaDB server (the tests')"
+    )
+    parser.add_argument(
+        "--fsync",
+        action="store_true",
+        help="PostgreSQL with fsync=on, MariaDB with innodb_flush_log_at_trx_commit=1",
+    )
     parser.add_argument(
         "--chart", type=Path, metavar="SVG", help="draw the latencies as a histogram"
     )
     args = parser.parse_args()
+    if args.mysql:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.mysql_server import MariaDBServer
+
+        mysql = MariaDBServer(durable=args.fsync)
+        try:
+            series = measure(mysql.url(), args.n, args.rounds)
+        finally:
+            mysql.stop()
+        if not args.postgres:
+            return
     if args.redis or args.postgres or args.etcd:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from tests.servers import EtcdCluster, PostgresServer, RedisServer

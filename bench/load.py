@@ -1,16 +1,18 @@
 """Load: burst throughput at 1-500 concurrent callers, and the cost of a handoff in a herd.
 
-    python bench/load.py                      every store: SQLite, Redis, PostgreSQL, etcd
+    python bench/load.py                      every store: SQLite, Redis, PostgreSQL, etcd, MySQL
     python bench/load.py --stores redis,postgres
     python bench/load.py --fsync              PostgreSQL with fsync=on, etcd without
-                                              --unsafe-no-fsync (production's settings)
+                                              --unsafe-no-fsync, MariaDB with
+                                              innodb_flush_log_at_trx_commit=1 (production's)
     python bench/load.py --smoke              a few iterations of everything (the test suite)
     python bench/load.py --parts herd         only some of burst, herd, scheduler
     python bench/load.py --instances 1        the scheduler on one instance (3 by default)
     python bench/load.py --chart docs/img/scheduler-lateness.svg   and its lateness, drawn
 
-Each store is a throwaway server started here (PostgreSQL with ``fsync=off``
-and etcd with ``--unsafe-no-fsync``, as the tests run them, unless
+Each store is a throwaway server started here (PostgreSQL with ``fsync=off``,
+etcd with ``--unsafe-no-fsync`` and MariaDB with
+``innodb_flush_log_at_trx_commit=2``, as the tests run them, unless
 ``--fsync``). Figures are measured side by side in one run and printed as
 ratios:
 
@@ -52,6 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.mysql_server import MariaDBServer
 from tests.servers import EtcdCluster, PostgresServer, RedisServer
 
 from tenure import LockService, StoreUnavailable
@@ -252,8 +255,12 @@ def servers(names: list[str], fsync: bool, stack: ExitStack) -> dict[str, str]:
             etcd = EtcdCluster(fsync=fsync)
             stack.callback(etcd.stop)
             urls[name] = etcd.url
+        elif name == "mysql":
+            mysql = MariaDBServer(durable=fsync)
+            stack.callback(mysql.stop)
+            urls[name] = mysql.url()
         else:
-            raise SystemExit(f"unknown store {name!r}; known: sqlite, redis, postgres, etcd")
+            raise SystemExit(f"unknown store {name!r}; known: sqlite, redis, postgres, etcd, mysql")
     return urls
 
 
@@ -268,6 +275,7 @@ async def measure(
     setting = {
         "postgres": f" (fsync={'on' if fsync else 'off'})",
         "etcd": "" if fsync else " (--unsafe-no-fsync)",
+        "mysql": f" (innodb_flush_log_at_trx_commit={1 if fsync else 2})",
     }.get(name, "")
     print(f"\n## {name}{setting}")
     async with LockService.from_url(url) as locks:
@@ -320,7 +328,7 @@ async def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stores", default="sqlite,redis,postgres,etcd")
+    parser.add_argument("--stores", default="sqlite,redis,postgres,etcd,mysql")
     parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
     parser.add_argument("--smoke", action="store_true", help="a few iterations of everything")
     parser.add_argument(

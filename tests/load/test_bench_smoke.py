@@ -27,17 +27,18 @@ def bench(script: str, *args: str, timeout: float) -> str:
 def test_the_load_benchmark_runs_on_every_store(tmp_path: Path) -> None:
     chart = tmp_path / "lateness.svg"
     printed = bench("load.py", "--smoke", "--chart", str(chart), timeout=420)
-    for store in ("sqlite", "redis", "postgres (fsync=off)", "etcd"):
+    stores = ("sqlite", "redis", "postgres (fsync=off)", "etcd", "mysql")
+    for store in stores:
         assert f"## {store}" in printed
     failures = [int(n) for n in re.findall(r"\((\d+)\)", printed)]
     assert failures and not any(failures), printed
-    assert printed.count("herd: 10 waiters") == 4
+    assert printed.count("herd: 10 waiters") == len(stores)
     # The scheduler section: APScheduler and each store, nothing missing or doubled.
-    assert printed.count("missing 0, doubled 0") == 5, printed
+    assert printed.count("missing 0, doubled 0") == len(stores) + 1, printed
     # The chart of the site's benchmarks page: one histogram per contender.
     drawn = chart.read_text()
     assert drawn.startswith("<?xml") and "<svg" in drawn
-    for store in ("sqlite", "redis", "postgres", "etcd"):
+    for store in ("sqlite", "redis", "postgres", "etcd", "mysql"):
         assert f"tenure, {store}, 3 instances: median" in drawn
     assert "APScheduler 3, one process: median" in drawn
 

@@ -8,9 +8,11 @@ statement may take, and a call may queue for a connection; default 2) and
 
 How it stays correct
 --------------------
-* **One call per operation.** Acquire and a renewal batch are one call of a
-  stored procedure each (one transaction); release is one compare-and-set
-  ``UPDATE`` on ``(name, token)``; no isolation level is relied on for
+* **One statement per operation.** Acquire is one ``INSERT ... ON DUPLICATE
+  KEY UPDATE`` that takes a free or expired row and returns the fencing token
+  in its answer (``LAST_INSERT_ID(expr)``); release is one compare-and-set
+  ``UPDATE`` on ``(name, token)``; a renewal batch is one call of a stored
+  procedure (one transaction); no isolation level is relied on for
   correctness, only row locks (Jepsen found MySQL's REPEATABLE READ allows
   lost updates).
 * **Expiry by the server's clock, in microseconds.** ``UTC_TIMESTAMP(6)``
@@ -93,8 +95,37 @@ class MySQLStore(Store, PrintsSchema):
         )
         self.gate = self.transport.gate
         now = "UTC_TIMESTAMP(6)"
+        # Acquire: one statement, one commit. The fencing token comes back in
+        # the answer's insert id (LAST_INSERT_ID(expr): this statement's own,
+        # no state kept between statements); its affected rows say whether it
+        # was granted (0: held by another, nothing changed). The assignments
+        # run left to right, so every test reads the row as it was, except
+        # the expiry's, which reads the token just set: it is the caller's
+        # exactly when the lease was taken. A name without a row starts above
+        # the fencing floor. A live lease of the very token (an acquire resent
+        # after its answer was lost) is granted again: the same fence, renewed.
+        # The caller's values are passed twice (MySQL 8 deprecates VALUES()).
+        free = f"(token IS NULL OR expires <= {now})"
+        take = f"({free} OR token = %(token)s)"
+        self._acquire = (
+            f"INSERT INTO {names.leases} (name, token, holder, fence, expires, acquired)"
+            " VALUES (%(name)s, %(token)s, %(holder)s,"
+            f" LAST_INSERT_ID((SELECT CAST(v AS SIGNED) FROM {names.meta}"
+            " WHERE k = 'fence_floor') + 1),"
+            f" TIMESTAMPADD(MICROSECOND, %(ttl)s, {now}), {now}) "
+            "ON DUPLICATE KEY UPDATE"
+            f" fence = IF({free}, LAST_INSERT_ID(fence + 1),"
+            " IF(token = %(token)s, LAST_INSERT_ID(fence), fence)),"
+            f" acquired = IF({free}, {now}, acquired),"
+            f" holder = IF({take}, %(holder)s, holder),"
+            f" token = IF({take}, %(token)s, token),"
+            f" expires = IF(token = %(token)s, TIMESTAMPADD(MICROSECOND, %(ttl)s, {now}),"
+            " expires)"
+        )
+        # Only the token goes: the row (its fence) stays for the next grant, and
+        # a commit that writes less is a faster one.
         self._release = (
-            f"UPDATE {names.leases} SET token = NULL, holder = NULL, expires = {now}"
+            f"UPDATE {names.leases} SET token = NULL"
             f" WHERE name = %s AND token = %s AND expires > {now}"
         )
         self._remaining = (
@@ -152,11 +183,9 @@ class MySQLStore(Store, PrintsSchema):
     # -- leases ------------------------------------------------------------------
 
     async def acquire(self, name: str, token: str, ttl: float, holder: str) -> Grant | None:
-        rows = await self.transport.call(
-            self.names.acquire, (name, token, holder, max(1, round(ttl * 1e6)))
-        )
-        fence = rows[0][0] if rows else None
-        return None if fence is None else Grant(int(fence))
+        params = {"name": name, "token": token, "holder": holder, "ttl": max(1, round(ttl * 1e6))}
+        fence = await self.transport.granted(self._acquire, params)
+        return None if fence is None else Grant(fence)
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         if not batch:

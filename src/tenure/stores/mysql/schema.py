@@ -7,9 +7,8 @@ release; expiry ``DATETIME(6)`` in UTC by the server's clock), ``claims`` and
 per semaphore, its ledger as JSON). Names are ``VARBINARY``: compared byte
 for byte, sorted as PostgreSQL's "C" collation sorts them.
 
-An acquire and a renewal batch are stored procedures (``<prefix>_acquire``,
-``<prefix>_renew``), each one transaction in one call: MySQL has no
-``RETURNING`` to read a statement's own result in the same step.
+A renewal batch is a stored procedure (``<prefix>_renew``), one transaction
+in one call: MySQL has no ``RETURNING`` to say which rows an UPDATE changed.
 
 Created at first use: ``CREATE TABLE IF NOT EXISTS`` and an upsert of the
 version are safe when instances start together, and a procedure another instance
@@ -67,7 +66,6 @@ class Names:
         self.runs = f"`{prefix}_runs`"
         self.forced = f"`{prefix}_forced`"
         self.semaphores = f"`{prefix}_semaphores`"
-        self.acquire = f"`{prefix}_acquire`"
         self.renew = f"`{prefix}_renew`"
 
 
@@ -83,8 +81,7 @@ def tables(names: Names) -> list[str]:
         " holder VARBINARY(1024) NULL,"
         " fence BIGINT NOT NULL,"
         " expires DATETIME(6) NOT NULL,"
-        " acquired DATETIME(6) NULL,"
-        " KEY expires (expires)) ENGINE=InnoDB",
+        " acquired DATETIME(6) NULL) ENGINE=InnoDB",
         f"CREATE TABLE IF NOT EXISTS {names.claims} ("
         " task VARBINARY(320) NOT NULL PRIMARY KEY,"
         " fire_time DOUBLE NOT NULL,"
@@ -123,45 +120,12 @@ MARK_READY = (
 def procedures(names: Names) -> list[str]:
     """The statements that create the procedures (error 1304 when one exists).
 
-    ``<prefix>_acquire(name, token, holder, ttl µs)``: one result row, the
-    fence when granted, else NULL. A name seen before is one UPDATE of its
-    row (the assignments run left to right, so the fence and the acquired time
-    are computed before the token and expiry change); a name without a row is
-    inserted at the fencing floor (``prune`` raises it past every row it
-    deletes). A live lease of the very token (an acquire resent after its
-    answer was lost) is granted again: the same fence, renewed.
-
     ``<prefix>_renew(items)``: items a JSON array of ``[index, name, token,
-    ttl µs]``; the result rows are the indices of the leases extended.
+    ttl µs]``; the result rows are the indices of the leases extended, in one
+    transaction (MySQL has no ``RETURNING`` to say which rows an UPDATE changed).
     """
     now = "UTC_TIMESTAMP(6)"
     return [
-        f"CREATE PROCEDURE {names.acquire}(IN p_name VARBINARY(320), IN p_token VARBINARY(64),"
-        " IN p_holder VARBINARY(1024), IN p_ttl BIGINT)"
-        " MODIFIES SQL DATA BEGIN"
-        f" DECLARE v_now DATETIME(6) DEFAULT {now};"
-        " DECLARE v_fence BIGINT DEFAULT NULL;"
-        " DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;"
-        " SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"
-        " START TRANSACTION;"
-        f" UPDATE {names.leases}"
-        " SET fence = IF(token <=> p_token AND expires > v_now, fence, fence + 1),"
-        " acquired = IF(token <=> p_token AND expires > v_now, acquired, v_now),"
-        " holder = p_holder, expires = TIMESTAMPADD(MICROSECOND, p_ttl, v_now),"
-        " token = p_token"
-        " WHERE name = p_name AND (token IS NULL OR expires <= v_now OR token = p_token);"
-        " IF ROW_COUNT() = 0 THEN"
-        f" INSERT INTO {names.leases} (name, token, holder, fence, expires, acquired)"
-        " SELECT p_name, p_token, p_holder, CAST(v AS SIGNED) + 1,"
-        " TIMESTAMPADD(MICROSECOND, p_ttl, v_now), v_now"
-        f" FROM {names.meta} WHERE k = 'fence_floor'"
-        " ON DUPLICATE KEY UPDATE name = name;"
-        " END IF;"
-        f" SELECT IF(token = p_token, fence, NULL) INTO v_fence FROM {names.leases}"
-        " WHERE name = p_name FOR UPDATE;"
-        " COMMIT;"
-        " SELECT v_fence;"
-        " END",
         f"CREATE PROCEDURE {names.renew}(IN p_items LONGTEXT)"
         " MODIFIES SQL DATA BEGIN"
         f" DECLARE v_now DATETIME(6) DEFAULT {now};"

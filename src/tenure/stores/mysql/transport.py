@@ -138,6 +138,16 @@ class Transport:
 
         return await self.run(work)
 
+    async def granted(self, sql: str, args: dict[str, Any]) -> int | None:
+        """One upsert that reports what it granted in its answer: the insert id
+        it set (``LAST_INSERT_ID(expr)``) when it changed a row, else None."""
+
+        async def work(cur: Any) -> int | None:
+            await cur.execute(sql, args)
+            return int(cur.lastrowid) if cur.rowcount > 0 else None
+
+        return await self.run(work)
+
     async def call(self, procedure: str, args: Sequence[Any]) -> list[Any]:
         """``CALL procedure(args)``: the rows of its last result set."""
         marks = ", ".join(["%s"] * len(args))

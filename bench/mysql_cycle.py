@@ -1,0 +1,150 @@
+"""MySQL/MariaDB: uncontended acquire+release against its floors and against GET_LOCK.
+
+Starts its own throwaway MariaDB server (the tests' helper:
+``innodb_flush_log_at_trx_commit=2``; ``--durable`` for 1, production's
+setting) unless ``--url`` is given. In interleaved rounds on one server, each
+contender on its own aiomysql connection (autocommit):
+
+* two ``SELECT 1``: the round-trip floor;
+* a hand-written lease cycle: one upsert that takes a free or expired row, one
+  compare-and-set release, on a table of its own, at the same durability
+  (without reading a fencing token back: MySQL has no ``RETURNING``);
+* ``GET_LOCK`` + ``RELEASE_LOCK`` (session state: not usable through a
+  transaction pooler, no TTL, no fencing);
+* tenure's acquire+release (a procedure call and an UPDATE; fencing, renewer
+  registration).
+
+    python bench/mysql_cycle.py [--n 2000] [--rounds 7] [--durable] [--url mysql://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiomysql
+
+from tenure import LockService
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.mysql_server import MariaDBServer
+
+HAND_TABLE = """
+CREATE TABLE IF NOT EXISTS bench_hand_lease (
+    name VARBINARY(255) NOT NULL PRIMARY KEY, token VARBINARY(64) NULL,
+    expires DATETIME(6) NOT NULL
+) ENGINE=InnoDB
+"""
+# Takes a free or expired row (or inserts it); affected rows say whether it did.
+HAND_ACQUIRE = """
+INSERT INTO bench_hand_lease (name, token, expires)
+VALUES (%s, %s, UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)
+ON DUPLICATE KEY UPDATE
+  token = IF(token IS NULL OR expires <= UTC_TIMESTAMP(6), VALUES(token), token),
+  expires = IF(token = VALUES(token), VALUES(expires), expires)
+"""
+HAND_RELEASE = "UPDATE bench_hand_lease SET token = NULL WHERE name = %s AND token = %s"
+
+
+async def time_async(fn: Callable[[], Awaitable[object]], n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        await fn()
+    return (time.perf_counter() - start) / n
+
+
+async def run(url: str, n: int, rounds: int) -> None:
+    parts = urlsplit(url)
+
+    async def connect() -> Any:
+        return await aiomysql.connect(
+            host=parts.hostname,
+            port=parts.port or 3306,
+            user=parts.username,
+            password=parts.password or "",
+            db=parts.path.lstrip("/"),
+            autocommit=True,
+        )
+
+    floor_conn, hand_conn, get_lock_conn = await connect(), await connect(), await connect()
+    async with hand_conn.cursor() as cur:
+        await cur.execute(HAND_TABLE)
+    results: dict[str, list[float]] = {}
+    async with LockService.from_url(url) as locks:
+
+        async def two_selects() -> None:
+            async with floor_conn.cursor() as cur:
+                await cur.execute("SELECT 1")
+                await cur.fetchall()
+                await cur.execute("SELECT 1")
+                await cur.fetchall()
+
+        async def hand_cycle() -> None:
+            token = "t" * 32
+            async with hand_conn.cursor() as cur:
+                await cur.execute(HAND_ACQUIRE, ("bench:hand", token))
+                assert cur.rowcount >= 1
+                await cur.execute(HAND_RELEASE, ("bench:hand", token))
+
+        async def get_lock() -> None:
+            async with get_lock_conn.cursor() as cur:
+                await cur.execute("SELECT GET_LOCK('bench', 0)")
+                assert (await cur.fetchone()) == (1,)
+                await cur.execute("SELECT RELEASE_LOCK('bench')")
+                await cur.fetchall()
+
+        async def tenure_cycle() -> None:
+            lock = await locks.acquire("bench:tenure")
+            assert lock is not None
+            await lock.release()
+
+        contenders = {
+            "two SELECT 1": two_selects,
+            "hand-written lease cycle": hand_cycle,
+            "GET_LOCK+RELEASE_LOCK": get_lock,
+            "tenure acquire+release": tenure_cycle,
+        }
+        for fn in contenders.values():  # warm up: connections, tables, procedures
+            await time_async(fn, 50)
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                results.setdefault(name, []).append(await time_async(fn, n))
+    for conn in (floor_conn, hand_conn, get_lock_conn):
+        conn.close()
+    med = {name: statistics.median(v) for name, v in results.items()}
+    floor, hand = med["two SELECT 1"], med["hand-written lease cycle"]
+    print(f"MySQL/MariaDB uncontended acquire+release, {rounds} rounds x {n} (median):")
+    for name, value in med.items():
+        print(
+            f"  {name:28s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x two SELECT 1"
+            f"   {value / hand:5.2f}x the hand-written cycle"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--durable", action="store_true", help="innodb_flush_log_at_trx_commit=1")
+    parser.add_argument("--url")
+    args = parser.parse_args()
+    if args.url:
+        asyncio.run(run(args.url, args.n, args.rounds))
+        return
+    server = MariaDBServer(durable=args.durable)
+    try:
+        print(f"innodb_flush_log_at_trx_commit={'1' if args.durable else '2'}")
+        asyncio.run(run(server.url(), args.n, args.rounds))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
