@@ -132,7 +132,7 @@ def test_bad_settings_stop_django_at_start_up(tmp_path: Path) -> None:
     bad = {
         "no_url": ("del TENURE_URL", "TENURE_URL must be a store URL"),
         "number": ("TENURE_URL = 42", "TENURE_URL must be a store URL (such as"),
-        "scheme": ('TENURE_URL = "mysql://h/db"', "unknown store URL scheme 'mysql'"),
+        "scheme": ('TENURE_URL = "mongodb://h/db"', "unknown store URL scheme 'mongodb'"),
         "options": ("TENURE_SCHEDULER = {'misfire_grace': -1}", "misfire_grace must be finite"),
         "not_a_dict": ("TENURE_SCHEDULER = ['x']", "TENURE_SCHEDULER must be a dict"),
     }
