@@ -2,9 +2,10 @@
 
 URL: ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``
 with the store's options and these: ``socket_timeout`` (as on a single
-server), ``sentinel_username`` and ``sentinel_password`` (when the sentinels
-ask for credentials of their own; the URL's user and password are the
-master's).
+server; each sentinel is given a share of it, so that asking all of them
+fits in it), ``sentinel_username`` and ``sentinel_password`` (when the
+sentinels ask for credentials of their own; the URL's user and password are
+the master's).
 
 The client is redis-py's Sentinel-managed one: each new connection asks the
 sentinels for the master first, and a connection to a master that was
@@ -142,7 +143,14 @@ def master_client(sentinel_class: type[Any], url: str, **kwargs: Any) -> Any:
     ``from_url`` would be; the URL's timeouts win over them."""
     target = parse(url)
     kwargs.update(target.options)
-    sentinel_kwargs: dict[str, Any] = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    # Asking for the master tries the sentinels one after another, and a new
+    # connection may ask twice (redis-py's connect retry): each sentinel gets
+    # a share of the call's timeout, so that sentinels that do not answer fail
+    # a call within it rather than a multiple of it.
+    share = 2 * len(target.sentinels)
+    sentinel_kwargs: dict[str, Any] = {
+        k: max(float(v) / share, 0.05) for k, v in kwargs.items() if k.startswith("socket_")
+    }
     if target.sentinel_username is not None:
         sentinel_kwargs["username"] = target.sentinel_username
     if target.sentinel_password is not None:
