@@ -53,6 +53,10 @@ class Peek:
         """Milliseconds left of the lease; negative when there is none."""
         raise NotImplementedError
 
+    def entry_left(self) -> int:
+        """Milliseconds left of the queued waiter's entry (each of its calls renews it)."""
+        raise NotImplementedError
+
     def note_unread(self) -> bool | None:
         """Whether a hand-over note waits unread; None where the store cannot tell
         (a NOTIFY is pushed to the listener's socket at once)."""
@@ -86,6 +90,9 @@ class RedisPeek(Peek):
 
     def pttl(self) -> int:
         return int(self.client.pttl(self.lease))
+
+    def entry_left(self) -> int:
+        return int(self.client.pttl(self.next))
 
     def note_unread(self) -> bool | None:
         return bool(self.client.llen(self.handed) == 1)
@@ -128,6 +135,10 @@ class PostgresPeek(Peek):
             " (extract(epoch FROM expires - clock_timestamp()) * 1000)::bigint END"
         )
         return -2 if left is None or left <= 0 else int(left)
+
+    def entry_left(self) -> int:
+        left = self._one("(extract(epoch FROM next_until - clock_timestamp()) * 1000)::bigint")
+        return -2 if left is None else int(left)
 
     def close(self) -> None:
         self.conn.close()
@@ -347,10 +358,9 @@ async def test_a_waiter_paused_past_the_hand_over_lease_does_not_trust_it(
     grant (C9: never a lock it may not have); it gives it back and takes a
     fresh one."""
     keys = peek("stale")
-    # Stopped once its calls after queueing (PostgreSQL: the LISTEN, and the
-    # call after it) are answered: a call in flight across a stop this long
-    # would time out at the resume, its answer unread.
-    _, handed_fence = await stop_across_a_hand_over(keys, raw, worker, 20.0, "stale", settle=0.5)
+    # Stopped once the call it just made is answered: a call in flight across
+    # a stop this long would time out at the resume, its answer unread.
+    _, handed_fence = await stop_across_a_hand_over(keys, raw, worker, 20.0, "stale", settle=0.15)
     handed = time.monotonic()
     trusted_until = handed + handover_lease(TTL) - safety_margin(TTL)
     await asyncio.sleep(max(0.0, trusted_until + 0.5 - time.monotonic()))
@@ -374,12 +384,17 @@ async def stop_across_a_hand_over(
     settle: float = 0.0,
     release_at: float = 0.0,
 ) -> tuple[float, int]:
-    """Queue the worker, SIGSTOP it ``settle`` seconds later, hand it the lock
-    (at ``release_at`` if later); when it stopped, and the fence."""
+    """Queue the worker, SIGSTOP it ``settle`` seconds (20 ms at least) after
+    its next call, hand it the lock (at ``release_at`` if later); when it
+    stopped, and the fence."""
     assert raw.acquire(name, HELD, TTL, "raw-holder") is not None
     worker.send(f"acquire {name} {TTL} {wait}")
     await until(lambda: (keys.queued() or "").split(":")[1:2] == [str(worker.pid)])
-    await asyncio.sleep(settle)
+    # Stopped just after a call of the waiter's, not as it starts one: a call
+    # stamped before a stop and sent after it finds the lease handed over and
+    # can only date it from the stamp (its trust would seem long gone).
+    await next_call(keys)
+    await asyncio.sleep(max(settle, 0.02))
     worker.signal(signal.SIGSTOP)
     stopped = time.monotonic()
     # Past any BLPOP it had sent (a third of a second at most).
@@ -389,6 +404,18 @@ async def stop_across_a_hand_over(
     unread = keys.note_unread()
     assert unread is None or unread, "the note waits unread"
     return stopped, keys.fence()
+
+
+async def next_call(keys: Peek) -> None:
+    """Until the queued waiter calls the store again (its entry's life grows back)."""
+    last = keys.entry_left()
+
+    def renewed() -> bool:
+        nonlocal last
+        left, last = last, keys.entry_left()
+        return last > left
+
+    await until(renewed)
 
 
 async def test_a_killed_queued_waiter_costs_the_name_only_the_hand_over_lease(
