@@ -76,6 +76,7 @@ class Transport:
         self.gate = Gate(pool_max, timeout, what=where, option="pool_max")
         self._ensure = ensure
         self._idle: list[Any] = []
+        self._closed = False
         self._ready = False
         self._ready_guard: asyncio.Lock | None = None
 
@@ -85,25 +86,34 @@ class Transport:
     async def connect(self) -> Any:
         """A new connection (autocommit, utf8mb4), or StoreUnavailable."""
         e = self.endpoint
+        # Made here and connected under the loop's timeout, not by
+        # aiomysql.connect: a handshake cut short by a cancellation (the
+        # timeout's, when the server accepts but does not answer) would leave
+        # its socket open there, since aiomysql closes it only on an error.
+        conn = aiomysql.Connection(
+            host=e.host,
+            port=e.port,
+            user=e.user,
+            password=e.password or "",
+            db=e.database,
+            unix_socket=e.unix_socket,
+            autocommit=True,
+            charset="utf8mb4",
+            connect_timeout=self.timeout,
+        )
         try:
             async with asyncio.timeout(self.timeout):
-                return await aiomysql.connect(
-                    host=e.host,
-                    port=e.port,
-                    user=e.user,
-                    password=e.password or "",
-                    db=e.database,
-                    unix_socket=e.unix_socket,
-                    autocommit=True,
-                    charset="utf8mb4",
-                    connect_timeout=self.timeout,
-                )
-        except TimeoutError as exc:
-            raise self.unavailable(
-                exc, f"did not accept a connection within {self.timeout:g} s"
-            ) from exc
-        except (pymysql.err.MySQLError, OSError) as exc:
-            raise self.unavailable(exc, "refused a connection") from exc
+                await conn._connect()
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, TimeoutError):
+                raise self.unavailable(
+                    exc, f"did not accept a connection within {self.timeout:g} s"
+                ) from exc
+            if isinstance(exc, pymysql.err.MySQLError | OSError):
+                raise self.unavailable(exc, "refused a connection") from exc
+            raise
+        return conn
 
     async def run(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """``await work(cursor)`` on a connection, in a turn of the gate, within
@@ -196,7 +206,9 @@ class Transport:
         except (pymysql.err.MySQLError, OSError) as exc:
             raise self.unavailable(exc) from exc
         finally:
-            if reusable:
+            # A call that outlived close() (a renewal left to finish) must not
+            # park its connection where nothing will close it.
+            if reusable and not self._closed:
                 self._idle.append(conn)
             else:
                 conn.close()
@@ -222,5 +234,6 @@ class Transport:
             self._ready = True
 
     def close(self) -> None:
+        self._closed = True
         while self._idle:
             self._idle.pop().close()
