@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aetcd
 from aetcd import rpc
 
+from rounds import interleaved, report
 from tenure import LockService
 from tenure.stores.etcd import EtcdStore
 
@@ -31,15 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.servers import EtcdCluster
 
 
-async def time_async(fn: Callable[[], Awaitable[object]], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        await fn()
-    return (time.perf_counter() - start) / n
-
-
 async def run(url: str, n: int, rounds: int) -> None:
-    results: dict[str, list[float]] = {}
     async with LockService.from_url(url) as locks:
         store = locks.store
         assert isinstance(store, EtcdStore)
@@ -66,16 +56,12 @@ async def run(url: str, n: int, rounds: int) -> None:
                 "two gets (aetcd.Client)": two_aetcd_gets,
                 "tenure acquire+release": tenure_cycle,
             }
-            for fn in contenders.values():  # warm up: channels, the shared lease
-                await time_async(fn, 50)
-            for _ in range(rounds):
-                for name, fn in contenders.items():
-                    results.setdefault(name, []).append(await time_async(fn, n))
-    med = {name: statistics.median(v) for name, v in results.items()}
-    floor = med["two gets (tenure's channel)"]
-    print(f"etcd uncontended acquire+release, {rounds} rounds x {n} (median):")
-    for name, value in med.items():
-        print(f"  {name:28s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x two gets")
+            medians = await interleaved(contenders, n, rounds)
+    report(
+        f"etcd uncontended acquire+release, {rounds} rounds x {n} (median):",
+        medians,
+        {"two gets": "two gets (tenure's channel)"},
+    )
 
 
 def main() -> None:

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiomysql
 
+from rounds import interleaved, report
 from tenure import LockService
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -53,13 +51,6 @@ ON DUPLICATE KEY UPDATE
 HAND_RELEASE = "UPDATE bench_hand_lease SET token = NULL WHERE name = %s AND token = %s"
 
 
-async def time_async(fn: Callable[[], Awaitable[object]], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        await fn()
-    return (time.perf_counter() - start) / n
-
-
 async def run(url: str, n: int, rounds: int) -> None:
     parts = urlsplit(url)
 
@@ -76,7 +67,6 @@ async def run(url: str, n: int, rounds: int) -> None:
     floor_conn, hand_conn, get_lock_conn = await connect(), await connect(), await connect()
     async with hand_conn.cursor() as cur:
         await cur.execute(HAND_TABLE)
-    results: dict[str, list[float]] = {}
     async with LockService.from_url(url) as locks:
 
         async def two_selects() -> None:
@@ -111,21 +101,14 @@ async def run(url: str, n: int, rounds: int) -> None:
             "GET_LOCK+RELEASE_LOCK": get_lock,
             "tenure acquire+release": tenure_cycle,
         }
-        for fn in contenders.values():  # warm up: connections, tables, procedures
-            await time_async(fn, 50)
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                results.setdefault(name, []).append(await time_async(fn, n))
+        medians = await interleaved(contenders, n, rounds)
     for conn in (floor_conn, hand_conn, get_lock_conn):
         conn.close()
-    med = {name: statistics.median(v) for name, v in results.items()}
-    floor, hand = med["two SELECT 1"], med["hand-written lease cycle"]
-    print(f"MySQL/MariaDB uncontended acquire+release, {rounds} rounds x {n} (median):")
-    for name, value in med.items():
-        print(
-            f"  {name:28s} {value * 1e6:8.1f} µs   {value / floor:5.2f}x two SELECT 1"
-            f"   {value / hand:5.2f}x the hand-written cycle"
-        )
+    report(
+        f"MySQL/MariaDB uncontended acquire+release, {rounds} rounds x {n} (median):",
+        medians,
+        {"two SELECT 1": "two SELECT 1", "the hand-written cycle": "hand-written lease cycle"},
+    )
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from rounds import time_async, time_sync
 from tenure import LockService
 
 
@@ -96,20 +97,6 @@ def cycle(locks: LockService, name: str) -> Callable[[], Awaitable[None]]:
         await lock.release()
 
     return one
-
-
-async def time_async(fn: Callable[[], Awaitable[object]], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        await fn()
-    return (time.perf_counter() - start) / n
-
-
-def time_sync(fn: Callable[[], object], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - start) / n
 
 
 async def run(url: str, n: int, rounds: int) -> None:

@@ -28,23 +28,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from rounds import time_async, time_sync
 from tenure import LockService
 from tenure.stores.sqlite.schema import INLINE_CHECKPOINT_PAGES as _INLINE_CHECKPOINT_PAGES
 from tenure.stores.sqlite.schema import PAGE_SIZE
-
-
-def time_sync(fn: Callable[[], None], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - start) / n
-
-
-async def time_async(fn: Callable[[], Awaitable[None]], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        await fn()
-    return (time.perf_counter() - start) / n
 
 
 def hand_written(path: Path, page_size: int = 4096) -> sqlite3.Connection:

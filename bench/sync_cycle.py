@@ -30,6 +30,7 @@ import psycopg
 import redis
 
 import tenure
+from rounds import time_sync
 from tenure.sync import LockService
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,13 +40,6 @@ from tests.servers import PostgresServer
 from postgres_cycle import HAND_ACQUIRE, HAND_RELEASE, HAND_TABLE
 from redis_cycle import redis_server
 from sqlite_cycle import hand_written, lease_cycle
-
-
-def time_sync(fn: Callable[[], object], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - start) / n
 
 
 def sync_cycle(locks: LockService) -> Callable[[], None]:

@@ -9,9 +9,7 @@ and ``sync_binlog``, production's settings, for benchmarks).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -21,14 +19,14 @@ from typing import Any
 
 import pymysql
 
-from .servers import free_port
+from .servers import OneProcess, free_port
 
 DATABASE = "tenure"
 USER = "tenure"
 PASSWORD = "tenure-test"
 
 
-class MariaDBServer:
+class MariaDBServer(OneProcess):
     """See the module docstring."""
 
     def __init__(self, *, durable: bool = False) -> None:
@@ -121,26 +119,7 @@ class MariaDBServer:
         self._kill()
         raise RuntimeError(f"mariadbd on port {self.port} did not start (exit status {code})")
 
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
     def restart(self) -> None:
         """SIGKILL and start again on the same data (InnoDB recovers)."""
         self._kill()
         self.start()
-
-    def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def stop(self) -> None:
-        self._kill()
-        shutil.rmtree(self.dir, ignore_errors=True)

@@ -32,7 +32,37 @@ def free_port(*, with_bus: bool = False) -> int:
         return port
 
 
-class RedisServer:
+class OneProcess:
+    """A server that is one process with a directory of its own."""
+
+    dir: Path
+    proc: subprocess.Popen[bytes] | None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        """Kill the server and remove its directory."""
+        self._kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisServer(OneProcess):
     """A redis-server in a temporary directory, without persistence unless asked."""
 
     def __init__(self, *extra: str, tls: Path | None = None, cluster: bool = False) -> None:
@@ -93,26 +123,6 @@ class RedisServer:
         code = self.proc.poll()
         self._kill()
         raise RuntimeError(f"redis-server on port {self.port} did not start (exit status {code})")
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def stop(self) -> None:
-        """Kill the server and remove its directory."""
-        self._kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def restart(self) -> None:
         """Kill and start again on the same port and directory (no persistence: empty)."""

@@ -49,7 +49,7 @@ from . import doctor
 from .runlog import MySQLRunLog
 from .schema import Names, check_prefix, ensure, schema_sql
 from .semaphores import MySQLPermits
-from .transport import Endpoint, Transport
+from .transport import Endpoint, Transport, text
 from .waiting import Waiting
 
 __all__ = ("MySQLStore",)
@@ -221,7 +221,7 @@ class MySQLStore(Store, PrintsSchema):
         if not rows:
             return None
         token, *info = rows[0]
-        return _text(token), _info(*info)
+        return text(token), _info(*info)
 
     async def force_release(self, name: str) -> LeaseInfo | None:
         return await evict(name, self._grant_of, self.release, self._bump_fence)
@@ -283,14 +283,10 @@ def _endpoint(url: str, unix_socket: str | None) -> Endpoint:
     )
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
-
-
 def _info(name: Any, holder: Any, fence: Any, left: Any, acquired: Any) -> LeaseInfo:
     return LeaseInfo(
-        _text(name),
-        _text(holder),
+        text(name),
+        text(holder),
         int(fence),
         float(left),
         None if acquired is None else float(acquired),

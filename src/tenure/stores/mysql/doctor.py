@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ...errors import StoreUnavailable
 from ..base import Finding
-from .transport import Transport
+from .transport import Transport, text
 
 __all__ = ("CLOCK_SKEW_MOST", "diagnose")
 
@@ -26,7 +25,7 @@ async def diagnose(transport: Transport) -> list[Finding]:
     except StoreUnavailable as exc:
         return [Finding("warn", f"could not read the server's settings: {exc}")]
     version, flush, log_bin, sync_binlog, server_now = rows[0]
-    found = [Finding("ok", f"server {_text(version)}")]
+    found = [Finding("ok", f"server {text(version)}")]
     if int(flush) != 1:
         found.append(
             Finding(
@@ -61,7 +60,3 @@ async def diagnose(transport: Transport) -> list[Finding]:
     else:
         found.append(Finding("ok", f"the server's clock is within {skew:.3f} s of this host's"))
     return found
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes | bytearray) else str(value)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..audit import FORCED_KEEP, ForcedRelease
 from ..runlog import Claim, RunLog, RunOutcome, RunRecord
 from .schema import Names
-from .transport import Transport
+from .transport import Transport, decoded, text
 
 if TYPE_CHECKING:
     from . import MySQLStore
@@ -106,7 +106,7 @@ class MySQLRunLog(RunLog):
             f"SELECT task, fire_time FROM {self.names.claims} WHERE task IN ({marks})",
             [task for task, _ in occurrences],
         )
-        last = {bytes(task).decode(): fire for task, fire in rows}
+        last = {text(task): fire for task, fire in rows}
         return [task in last and last[task] >= fire for task, fire in occurrences]
 
     async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
@@ -128,7 +128,7 @@ class MySQLRunLog(RunLog):
             await cur.execute(f"SELECT DISTINCT task FROM {self.names.runs}")
             gone = 0
             for (task,) in await cur.fetchall():
-                name = _text(task)  # (aiomysql cannot send bytes as a parameter)
+                name = text(task)  # (aiomysql cannot send bytes as a parameter)
                 await cur.execute(self._trim, (name, name, keep - 1))
                 gone += int(cur.rowcount)
             return gone
@@ -160,7 +160,7 @@ class MySQLRunLog(RunLog):
                 " ORDER BY started DESC LIMIT %s",
                 (task, limit),
             )
-        return [RunRecord.from_row([_text(value) for value in row]) for row in rows]
+        return [RunRecord.from_row([decoded(value) for value in row]) for row in rows]
 
     async def record_forced(self, record: ForcedRelease) -> None:
         forced = self.names.forced
@@ -190,9 +190,4 @@ class MySQLRunLog(RunLog):
                 f"SELECT record FROM {forced} WHERE name = %s ORDER BY at DESC, id DESC LIMIT %s",
                 (name, limit),
             )
-        return [ForcedRelease.from_row(json.loads(_text(record))) for (record,) in rows]
-
-
-def _text(value: Any) -> Any:
-    """A VARBINARY column's bytes as text; anything else as it is."""
-    return value.decode() if isinstance(value, bytes | bytearray) else value
+        return [ForcedRelease.from_row(json.loads(text(record))) for (record,) in rows]

@@ -32,7 +32,7 @@ import pymysql
 from ...errors import StoreUnavailable
 from .._gate import Gate
 
-__all__ = ("BROKEN", "Endpoint", "Transport")
+__all__ = ("BROKEN", "Endpoint", "Transport", "decoded", "text")
 
 T = TypeVar("T")
 
@@ -50,6 +50,16 @@ class Endpoint:
     password: str | None
     database: str
     unix_socket: str | None = None
+
+
+def decoded(value: Any) -> Any:
+    """A VARBINARY column's bytes as text; any other value as it is."""
+    return value.decode() if isinstance(value, bytes | bytearray) else value
+
+
+def text(value: Any) -> str:
+    """A column's value as text (VARBINARY bytes decoded)."""
+    return str(decoded(value))
 
 
 class _Broken(Exception):
