@@ -9,6 +9,8 @@ contender on its own aiomysql connection (autocommit):
 * a hand-written lease cycle: one upsert that takes a free or expired row, one
   compare-and-set release, on a table of its own, at the same durability
   (without reading a fencing token back: MySQL has no ``RETURNING``);
+* both of those again on asyncmy (a Cython driver; the ``bench`` extra),
+  which is how the store's driver was chosen (docs/stores/mysql.md);
 * ``GET_LOCK`` + ``RELEASE_LOCK`` (session state: not usable through a
   transaction pooler, no TTL, no fencing);
 * tenure's acquire+release (a procedure call and an UPDATE; fencing, renewer
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -51,11 +54,33 @@ ON DUPLICATE KEY UPDATE
 HAND_RELEASE = "UPDATE bench_hand_lease SET token = NULL WHERE name = %s AND token = %s"
 
 
+def two_selects(conn: Any) -> Callable[[], Awaitable[None]]:
+    async def two() -> None:
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT 1")
+            await cur.fetchall()
+            await cur.execute("SELECT 1")
+            await cur.fetchall()
+
+    return two
+
+
+def hand_cycle(conn: Any, name: str) -> Callable[[], Awaitable[None]]:
+    async def cycle() -> None:
+        token = "t" * 32
+        async with conn.cursor() as cur:
+            await cur.execute(HAND_ACQUIRE, (name, token))
+            assert cur.rowcount >= 1
+            await cur.execute(HAND_RELEASE, (name, token))
+
+    return cycle
+
+
 async def run(url: str, n: int, rounds: int) -> None:
     parts = urlsplit(url)
 
-    async def connect() -> Any:
-        return await aiomysql.connect(
+    async def connect(driver: Any = aiomysql) -> Any:
+        return await driver.connect(
             host=parts.hostname,
             port=parts.port or 3306,
             user=parts.username,
@@ -65,23 +90,23 @@ async def run(url: str, n: int, rounds: int) -> None:
         )
 
     floor_conn, hand_conn, get_lock_conn = await connect(), await connect(), await connect()
+    conns = [floor_conn, hand_conn, get_lock_conn]
     async with hand_conn.cursor() as cur:
         await cur.execute(HAND_TABLE)
+    contenders: dict[str, Callable[[], Awaitable[object]]] = {
+        "two SELECT 1": two_selects(floor_conn),
+        "hand-written lease cycle": hand_cycle(hand_conn, "bench:hand"),
+    }
+    try:
+        import asyncmy
+    except ImportError:
+        print("(asyncmy is not installed: its contenders are left out)")
+    else:
+        floor_my, hand_my = await connect(asyncmy), await connect(asyncmy)
+        conns += [floor_my, hand_my]
+        contenders["two SELECT 1 (asyncmy)"] = two_selects(floor_my)
+        contenders["hand-written cycle (asyncmy)"] = hand_cycle(hand_my, "bench:hand-asyncmy")
     async with LockService.from_url(url) as locks:
-
-        async def two_selects() -> None:
-            async with floor_conn.cursor() as cur:
-                await cur.execute("SELECT 1")
-                await cur.fetchall()
-                await cur.execute("SELECT 1")
-                await cur.fetchall()
-
-        async def hand_cycle() -> None:
-            token = "t" * 32
-            async with hand_conn.cursor() as cur:
-                await cur.execute(HAND_ACQUIRE, ("bench:hand", token))
-                assert cur.rowcount >= 1
-                await cur.execute(HAND_RELEASE, ("bench:hand", token))
 
         async def get_lock() -> None:
             async with get_lock_conn.cursor() as cur:
@@ -95,14 +120,10 @@ async def run(url: str, n: int, rounds: int) -> None:
             assert lock is not None
             await lock.release()
 
-        contenders = {
-            "two SELECT 1": two_selects,
-            "hand-written lease cycle": hand_cycle,
-            "GET_LOCK+RELEASE_LOCK": get_lock,
-            "tenure acquire+release": tenure_cycle,
-        }
+        contenders["GET_LOCK+RELEASE_LOCK"] = get_lock
+        contenders["tenure acquire+release"] = tenure_cycle
         medians = await interleaved(contenders, n, rounds)
-    for conn in (floor_conn, hand_conn, get_lock_conn):
+    for conn in conns:
         conn.close()
     report(
         f"MySQL/MariaDB uncontended acquire+release, {rounds} rounds x {n} (median):",

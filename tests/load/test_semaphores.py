@@ -25,6 +25,7 @@ async def test_two_hundred_waiters_on_a_semaphore_of_four(url: str) -> None:
         held = 0
         most = 0
         fences: list[int] = []
+        filled = asyncio.Event()
 
         async def one(i: int) -> None:
             nonlocal held, most
@@ -34,7 +35,14 @@ async def test_two_hundred_waiters_on_a_semaphore_of_four(url: str) -> None:
             held += 1
             most = max(most, held)
             fences.append(permit.fencing_token)
-            await asyncio.sleep(0.005)  # the work
+            if held == LIMIT:
+                filled.set()
+            # The work: the first holders keep their permits until the limit
+            # is reached once (a store whose waiters poll could otherwise
+            # serve them one or two at a time), then 5 ms each.
+            async with asyncio.timeout(60):
+                await filled.wait()
+            await asyncio.sleep(0.005)
             held -= 1
             assert await permit.release(), f"caller {i}'s permit was lost"
 
