@@ -80,6 +80,14 @@ class Unanswered:
                 return token
         return new_token()
 
+    async def settle(self) -> None:
+        """Wait for the give-backs still on their way (each one store call,
+        bounded by the store's timeout): a service closing meanwhile would
+        otherwise leave them to be destroyed with its event loop."""
+        waiting = [entry[2] for entry in self._pending.values() if not entry[2].done()]
+        if waiting:
+            await asyncio.wait(waiting)
+
     def clear(self) -> dict[str, _Entry]:
         """Forget everything (a forked child: the parent's calls are not its own);
         returns what was forgotten, for the caller to keep (see ``LockService._after_fork``)."""

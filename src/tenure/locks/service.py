@@ -210,6 +210,7 @@ class LockService:
             return  # a forked child that never used it: nothing held, nothing of its own open
         for lock in list(self._held):
             await self._release_quietly(lock)
+        await self._unanswered.settle()
         await asyncio.to_thread(self._renewer.stop)
         self.threads.shutdown()
         if self._owns_store:
