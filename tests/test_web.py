@@ -10,10 +10,12 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,12 @@ from .servers import free_port
 @pytest.fixture
 def web(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """``tenure web`` on a SQLite store; (page URL, store URL)."""
+    yield from serve_web(tmp_path)
+
+
+def serve_web(tmp_path: Path, *options: str) -> Iterator[tuple[str, str]]:
+    """``tenure web`` with ``options`` on a SQLite store, while the generator
+    is open; (page URL, store URL)."""
     url = f"sqlite://{tmp_path}/web.db"
     # The application made the store; tenure web, which only reads, creates none.
     asyncio.run(SQLiteStore(tmp_path / "web.db").aclose())
@@ -46,6 +54,7 @@ def web(tmp_path: Path) -> Iterator[tuple[str, str]]:
             str(port),
             "--app",
             "tests.helpers.cli_app:make",
+            *options,
         ],
         env=env,
         cwd=ROOT,
@@ -109,7 +118,35 @@ async def test_the_api_serves_holders_and_tasks_without_tokens(web: tuple[str, s
         text=True,
         check=False,
     )
-    assert refused.stdout == "405", "read-only: nothing but GET"
+    assert refused.stdout == "405", "the state is read, never written"
+    for action, body in (("pause", {"task": "cli.tick"}), ("release", {"lock": "nightly-report"})):
+        answer = post(page + "api/" + action, body, {"Authorization": "Bearer " + "x" * 20})
+        assert answer == (403, {"error": READ_ONLY}), "a read-only page acts for no one"
+    answer = post(page + "api/session", {"token": "x" * 20})
+    assert answer == (403, {"error": READ_ONLY})
+    async with LockService.from_url(url) as locks:
+        assert await locks.store.runlog.board("control") == {}
+        assert await locks.store.holder_of("nightly-report") is None
+
+
+READ_ONLY = "this page is read-only: start tenure web with --token-file to act"
+
+
+def post(
+    url: str, body: object, headers: dict[str, str] | None = None, *, raw: bytes | None = None
+) -> tuple[int, Any]:
+    """A JSON POST (or ``raw`` bytes, as sent); its status and its JSON answer."""
+    request = urllib.request.Request(
+        url,
+        data=raw if raw is not None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
 
 
 @pytest.mark.skipif(

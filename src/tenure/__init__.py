@@ -4,11 +4,13 @@ The public names live here; everything else is an implementation detail.
 """
 
 from ._threads import PoolFull
+from .control import Control
 from .errors import (
     ConfigurationError,
     InvalidArgument,
     LimitMismatch,
     LockLost,
+    RequestNotTaken,
     StoreUnavailable,
     TenureError,
     WaitQueueFull,
@@ -28,6 +30,7 @@ from .stores.runlog import RunRecord
 
 __all__ = (
     "ConfigurationError",
+    "Control",
     "CurrentRun",
     "Election",
     "Event",
@@ -41,6 +44,7 @@ __all__ = (
     "Outcome",
     "Permit",
     "PoolFull",
+    "RequestNotTaken",
     "RunOutcome",
     "RunRecord",
     "ScheduledTask",

@@ -8,6 +8,7 @@
     │   └── LimitMismatch            a semaphore's limit differs from its live one
     ├── StoreUnavailable             the store could not be reached or failed;
     │                                the driver's exception is ``__cause__``
+    ├── RequestNotTaken              no instance took a request to run a task now
     └── LockLost                     a held lock was lost under running work
 
 Bad arguments are ``ValueError`` subclasses so that code written against the
@@ -22,6 +23,7 @@ __all__ = (
     "InvalidArgument",
     "LimitMismatch",
     "LockLost",
+    "RequestNotTaken",
     "StoreUnavailable",
     "TenureError",
     "WaitQueueFull",
@@ -62,6 +64,11 @@ class StoreUnavailable(TenureError):
     Never means "the lock is held elsewhere": contention is ``None`` from
     ``acquire``. The driver's own exception is attached as ``__cause__``.
     """
+
+
+class RequestNotTaken(TenureError):
+    """A request to run a task now (``tenure trigger``) that no instance
+    serving the task took in time; it was withdrawn, and nothing ran."""
 
 
 class LockLost(TenureError):

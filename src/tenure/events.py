@@ -22,7 +22,8 @@ Kinds (``Event.kind``, an ``EventKind``):
                     deadlines); ``name``: ``""``; ``count``: locks in the batch;
                     ``detail``: the error
 ``task``            a scheduled task's run; ``detail``: ``ran``, ``skipped``,
-                    ``failed``, ``lost`` or ``claimed_elsewhere``; ``seconds``: its duration
+                    ``failed``, ``lost``, ``missed``, ``claimed_elsewhere`` or
+                    ``paused`` (its pause skipped it); ``seconds``: its duration
 ``skew``            a scheduler found its clock off the store's by more than its
                     ``skew_warning``; ``seconds``: its clock minus the store's
 ``forced_release``  ``force_release`` freed a lock whoever held it; ``holder``:

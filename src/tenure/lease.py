@@ -74,7 +74,9 @@ class LeaseState:
 
     A plain slotted class, held by each ``Lock``: one is made per acquire, on
     the hot path. ``loss`` is why the lease was lost, or None. ``on_lost`` is
-    called once, outside the guard, when it is lost (the service's event).
+    called once, outside the guard, when it is lost (the service's event):
+    by the thread that found the loss, or by a release that came first (see
+    :meth:`say_lost`).
     """
 
     __slots__ = (
@@ -88,6 +90,7 @@ class LeaseState:
         "renew_at",
         "token",
         "ttl",
+        "unsaid",
         "waiters",
     )
 
@@ -114,6 +117,7 @@ class LeaseState:
         self.guard = guard
         self.released = False
         self.loss: str | None = None
+        self.unsaid = False  # a loss whose log line and on_lost are still to come
         self.waiters: list[_Waiter] | None = None  # made by the first loss waiter
 
     def alive(self) -> bool:
@@ -129,6 +133,17 @@ class LeaseState:
         with self.guard:
             newly = self._lose_locked(reason)
         if newly:
+            self.say_lost()
+
+    def say_lost(self) -> None:
+        """Say the loss (its log line, ``on_lost``) once, whichever thread comes
+        first: the one that found it, or a release of the lock, which a waiter
+        the loss woke may make before that thread gets here. The release's
+        event then follows the loss's, as it happened."""
+        with self.guard:
+            reason = self.loss if self.unsaid else None
+            self.unsaid = False
+        if reason is not None:
             self._lost(reason)
 
     def _lost(self, reason: str) -> None:
@@ -142,6 +157,7 @@ class LeaseState:
         if self.released or self.loss is not None:
             return False
         self.loss = reason
+        self.unsaid = True
         if self.waiters:
             self._wake_locked()
         return True

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from tenure.control.records import TASKS, Registration, decode
 from tenure.stores import from_url
 from tenure.stores.base import Store
 from tenure.stores.runlog import PRESENCE_PREFIX, RunRecord
@@ -47,5 +48,17 @@ def runs(url: str, task: str) -> list[RunRecord]:
 
     async def read(store: Store) -> list[RunRecord]:
         return await store.runlog.runs(task, limit=100)
+
+    return _read(url, read)
+
+
+def registered(url: str) -> dict[str, str]:
+    """The tasks the schedulers registered for ``tenure.control``: name -> schedule."""
+
+    async def read(store: Store) -> dict[str, str]:
+        entries = await store.runlog.board(TASKS)
+        return {
+            key: decode(Registration, TASKS, key, value).schedule for key, value in entries.items()
+        }
 
     return _read(url, read)

@@ -4,6 +4,7 @@ and a worker process killed mid-task frees its key within the TTL."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import os
@@ -19,6 +20,9 @@ from types import ModuleType
 
 import pytest
 
+from tenure import Control, RunOutcome, RunRecord
+from tenure import LockService as AsyncService
+from tenure.control import CONTROL_POLL
 from tenure.sync import LockService
 
 from ..helpers.procs import ROOT
@@ -187,6 +191,43 @@ def test_a_second_beat_takes_over_and_no_occurrence_is_sent_twice(
     print(f"took over in {took_over:.2f} s; ran {len(fires)}, missing {missing}")
 
 
+def test_a_paused_entry_is_not_sent_and_one_asked_for_is_sent_now(
+    project: Project, tmp_path: Path
+) -> None:
+    """The beat registers its entries for tenure.control, obeys a pause (each
+    occurrence counted, none sent) and sends an entry an operator asks for."""
+    _, worker, url, env = project
+    beat = Celery(tmp_path, env, *BEAT)
+
+    async def act() -> tuple[float, float, RunRecord, RunRecord]:
+        async with AsyncService.from_url(url) as locks:
+            control = Control(locks, by="ops@test")
+            assert [r.task for r in await control.tasks()] == ["celery.beat:heartbeat"]
+            await control.pause("celery.beat:heartbeat")
+            obeyed = time.time() + CONTROL_POLL + 1.0  # the sender has read the board since
+            await asyncio.sleep(4)
+            resumed = await control.resume("celery.beat:heartbeat")
+            sent = await control.trigger("celery.beat:heartbeat")
+            return obeyed, time.time(), resumed, sent
+
+    try:
+        beat.wait_for(r"tenure: this beat sends now")
+        obeyed, after, resumed, sent = asyncio.run(act())
+        worker.wait_for(r"heartbeat for None")
+        beat.wait_for(r"tenure: sent heartbeat for \d+\.\d+", timeout=5)
+    finally:
+        beat.stop()
+    assert resumed.ended is not None
+    fires = [float(f) for f in re.findall(r"heartbeat for (\d+\.\d+)", "".join(worker.lines))]
+    assert not [f for f in fires if obeyed < f < resumed.ended - CONTROL_POLL], "none sent paused"
+    skipped = re.findall(r"tenure: skipped heartbeat for (\S+): paused", "".join(beat.lines))
+    assert len(skipped) >= 2 and resumed.error is not None
+    assert resumed.error.endswith(f"; {len(skipped)} occurrence(s) skipped")
+    assert (sent.outcome, sent.fire_time) == (RunOutcome.SENT, None)
+    assert "tenure: sent heartbeat now, as ops@test asked" in "".join(beat.lines)
+    assert sent.started <= after
+
+
 BAD_KEY = """
 from celery import Celery
 from tenure.celery import SingletonTask
@@ -223,6 +264,9 @@ CONTENTION = """
 import sys
 from celery import Celery
 from tenure.celery import SingletonTask
+from tenure import Control, RunOutcome, RunRecord
+from tenure import LockService as AsyncService
+from tenure.control import CONTROL_POLL
 from tenure.sync import LockService
 
 app = Celery("contention", broker="memory://")

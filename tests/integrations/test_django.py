@@ -78,6 +78,7 @@ def test_tenure_run_on_three_processes_runs_each_occurrence_once(tmp_path: Path)
     try:
         time.sleep(7)
         serving = reading.serving(url)
+        registered = reading.registered(url)
         for runner in runners:
             runner.send_signal(signal.SIGTERM)
         outputs = [runner.communicate(timeout=60) for runner in runners]
@@ -101,6 +102,11 @@ def test_tenure_run_on_three_processes_runs_each_occurrence_once(tmp_path: Path)
     # Each occurrence goes to the task's preferred instance while all are up:
     # that the three served is what their presence leases say.
     assert len(serving) == 3, serving
+    assert registered == {
+        "counter.tick": "every 1s",
+        "counter.prune": "0 3 * * *",
+        "tenure.prune": "*/10 * * * *",
+    }, registered
 
 
 def test_an_exclusive_command_runs_once_at_a_time(tmp_path: Path) -> None:

@@ -18,10 +18,17 @@ sender that died before sending it is not sent again (at most once). The
 first sender, or one taking over from a sender dead for longer than the
 grace, starts with the next occurrence: no backfill. The
 message carries the occurrence in its ``tenure_fire_time`` header.
+
+Each entry is registered for ``tenure.control`` as ``celery.beat:ENTRY``:
+the sender claims a paused entry's occurrences and counts them instead of
+sending them, and sends an entry at once when an operator asks it to run now
+(``tenure trigger``; its ``tenure_fire_time`` header is None, its
+``tenure_manual`` True), with a run record (outcome ``sent``).
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any
 
@@ -30,10 +37,13 @@ from celery.schedules import crontab
 from celery.schedules import schedule as every
 
 from .._validate import check_ttl
-from ..errors import ConfigurationError
+from ..control import ControlWatch, RunRequest
+from ..errors import ConfigurationError, TenureError
 from ..schedule.cron import CronSchedule
 from ..schedule.interval import IntervalSchedule
+from ..schedule.tasks import DEFAULT_KEEP_RUNS
 from ..schedule.timing import Schedule
+from ..stores.runlog import RunOutcome, RunRecord
 from ..sync import Lock
 from .service import locks_for
 
@@ -66,6 +76,16 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.lock: Lock | None = None
         self.last: dict[str, float] = {}
         """Per entry: the last occurrence this beat decided (sent, claimed elsewhere, missed)."""
+        self.requests: collections.deque[RunRequest] = collections.deque()
+        self.control = ControlWatch(
+            self.locks.store,
+            self.locks.holder,
+            lambda: {_task(name): plan.expr for name, plan in self.plans.items()},
+            self.requests.append,
+            keep_runs=DEFAULT_KEEP_RUNS,
+            serving=lambda: self.lock is not None and self.lock.held,
+        )
+        self.watching = self.locks.submit(self.control.watch())
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Send what is due if this beat holds the beat lock; the seconds until
@@ -77,11 +97,13 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
                 return 1.0  # another beat sends; try again in a second
             self.last = self._resume(now)
             self.logger.info("tenure: this beat sends now (%s)", self.claimant)
+        while self.requests:
+            self._send_now(self.requests.popleft())
         wake = now + 1.0
         for name, plan in self.plans.items():
             fire = plan.next_after(self.last[name])
             while fire <= now:
-                if self._claimed(name, fire):
+                if self._claimed(name, fire) and not self._paused(name, fire):
                     self._send(self.schedule[name], fire)
                 self.last[name] = fire
                 fire = plan.next_after(fire)
@@ -115,7 +137,46 @@ class BeatScheduler(beat.Scheduler):  # type: ignore[misc]
         self.app.send_task(entry.task, entry.args, entry.kwargs, headers=headers, **options)
         self.logger.info("tenure: sent %s for %s", entry.name, fire)
 
+    def _paused(self, name: str, fire: float) -> bool:
+        """Whether the entry's pause takes this occurrence (counted in it)."""
+        if _task(name) not in self.control.paused:
+            return False
+        try:
+            skipped: bool = self.locks.submit(self.control.count_skip(_task(name), fire)).result()
+        except TenureError as exc:
+            self.logger.warning(
+                "tenure: %s for %s not sent (paused), not counted: %s", name, fire, exc
+            )
+            return True
+        if skipped:
+            self.logger.info("tenure: skipped %s for %s: paused", name, fire)
+        return skipped
+
+    def _send_now(self, request: RunRequest) -> None:
+        """Send an entry at once, as an operator asked, and record it."""
+        name = request.task.removeprefix(_task(""))
+        entry = self.schedule.get(name)
+        if entry is None:
+            self.logger.warning("tenure: asked to send %s, which this beat has no entry for", name)
+            return
+        options = dict(entry.options)
+        headers = dict(options.pop("headers", None) or {})
+        headers.update(celery_beat_task=True, tenure_fire_time=None, tenure_manual=True)
+        self.app.send_task(entry.task, entry.args, entry.kwargs, headers=headers, **options)
+        self.logger.info("tenure: sent %s now, as %s asked", name, request.by)
+        now = time.time()
+        record = RunRecord(
+            request.request_id, request.task, None, self.locks.holder, now, now, RunOutcome.SENT
+        )
+        try:
+            self.locks.submit(
+                self.locks.store.runlog.record_run(record, keep=DEFAULT_KEEP_RUNS)
+            ).result()
+        except TenureError as exc:
+            self.logger.warning("tenure: the record of %s sent now was not written: %s", name, exc)
+
     def close(self) -> None:
+        self.watching.cancel()
         if self.lock is not None:
             self.lock.release()
         super().close()

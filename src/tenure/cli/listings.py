@@ -9,12 +9,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from ..control import Control, Pause
 from ..locks import LockService
 from ..locks.election import shown
 from ..schedule.view import defined_tasks, run_fields
 from ..stores import from_url as store_from_url
 from ..stores.audit import FORCED_KEEP
 from ..stores.base import Store
+from ..stores.runlog import RunOutcome, RunRecord
 from .common import load_scheduler, stamp, url_of
 
 T = TypeVar("T")
@@ -41,7 +43,7 @@ def note(label: str, text: str) -> str:
     return textwrap.fill(text, 80, initial_indent=f"    {label}: ", subsequent_indent=" " * 6)
 
 
-def _when(t: float) -> str:
+def when(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -64,13 +66,20 @@ async def tasks(
         locks = LockService.from_url(url_of(url, reading=True))
     async with locks:
         records = await locks.store.runlog.runs(task, limit)
+        control = Control(locks)
+        registered, pauses = await control.tasks(), await control.pauses()
     defined = defined_tasks(scheduler, task)
     if as_json:
         runs = [run_fields(r) for r in records]
         print(json.dumps({"tasks": defined, "runs": runs} if app else runs, indent=2))
         return
+    served = [r for r in registered if task is None or r.task == task]
+    if served and not defined:
+        state = [(r.task, r.schedule, _state(r.task, pauses), r.instance) for r in served]
+        print("\n".join(table(("task", "schedule", "state", "registered by"), state)))
+        print()
     if defined:
-        plan = [(d["task"], d["expression"], _when(d["next_fire"]), d["tz"]) for d in defined]
+        plan = [(d["task"], d["expression"], when(d["next_fire"]), d["tz"]) for d in defined]
         print("\n".join(table(("task", "expression", "next fire (UTC)", "tz"), plan)))
         print()
     if not records:
@@ -79,7 +88,7 @@ async def tasks(
     rows = [
         (
             r.task,
-            "manual" if r.fire_time is None else _when(r.fire_time),
+            _occurrence(r),
             r.instance,
             "-" if r.ended is None else f"{r.ended - r.started:.2f}s",
             str(r.outcome),
@@ -92,6 +101,19 @@ async def tasks(
         print(line)
         if r.error:
             print(note("error", r.error))
+
+
+def _occurrence(record: RunRecord) -> str:
+    if record.fire_time is not None:
+        return when(record.fire_time)
+    return "-" if record.outcome == RunOutcome.PAUSED else "manual"
+
+
+def _state(task: str, pauses: dict[str, Pause]) -> str:
+    pause = pauses.get(task)
+    if pause is None:
+        return "serving"
+    return f"paused since {when(pause.since)} by {pause.by}, {pause.skipped} skipped"
 
 
 async def locks(url: str, prefix: str, as_json: bool) -> None:
@@ -126,7 +148,7 @@ async def forced(url: str, prefix: str, as_json: bool) -> None:
     if not records:
         print(f"no forced release recorded{f' of a lock starting {prefix!r}' if prefix else ''}")
         return
-    rows = [(_when(r.at), r.name, r.evicted, r.operator) for r in records]
+    rows = [(when(r.at), r.name, r.evicted, r.operator) for r in records]
     head, *lines = table(("when (UTC)", "lock", "evicted", "freed by"), rows)
     print(head)
     for line, r in zip(lines, records, strict=True):

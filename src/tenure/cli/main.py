@@ -1,5 +1,5 @@
 """The ``tenure`` command's parser and entry point: demo, run, locks, release,
-tasks, doctor, web and schema."""
+tasks, pause, resume, trigger, audit, doctor, web and schema."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from ..control import TRIGGER_WAIT
 from ..errors import ConfigurationError, TenureError
 from .common import serve_app, url_of
+from .control import audit, pause, resume, trigger
 from .demo import demo, demo_instance
 from .doctor import doctor, schema
 from .listings import forced, locks, tasks
@@ -92,12 +94,19 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", help="reachability, clock skew and settings that weaken the guarantees"
     )
     p.add_argument("--url")
-    p = sub.add_parser("web", help="a read-only page of tasks and holders that refreshes itself")
+    p = sub.add_parser(
+        "web", help="a page of tasks, holders and audit records (acts only with --token-file)"
+    )
     p.add_argument("--url")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--port", type=_port, default=8477)
     p.add_argument(
         "--app", metavar="MODULE:ATTR", help="your Scheduler, for expressions and next fires"
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        help="LABEL TOKEN lines, mode 600: their holders may pause, resume, run and free",
     )
     p = sub.add_parser("tasks", help="recent occurrences of the tasks, from the run records")
     p.add_argument("--url")
@@ -109,6 +118,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE:ATTR",
         help="your Scheduler (as for tenure run), to show each task's expression and next fire",
     )
+    p = sub.add_parser("pause", help="pause a task on every instance, until tenure resume")
+    p.add_argument("task")
+    p.add_argument("--url")
+    p.add_argument("--reason", help="why, kept with the pause's record and the audit record")
+    p = sub.add_parser("resume", help="end a task's pause; says how many occurrences it skipped")
+    p.add_argument("task")
+    p.add_argument("--url")
+    p = sub.add_parser("trigger", help="have one instance that serves a task run it now")
+    p.add_argument("task")
+    p.add_argument("--url")
+    p.add_argument(
+        "--wait",
+        type=_positive_seconds,
+        default=TRIGGER_WAIT,
+        help=f"seconds for an instance to take it (default {TRIGGER_WAIT:g}), else it fails",
+    )
+    p = sub.add_parser("audit", help="who paused, resumed, triggered or freed what, and when")
+    p.add_argument("--url")
+    p.add_argument("--limit", type=_at_least_one, default=50, help="at most this many records")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser(
         "schema", help="print the SQL that creates tenure's PostgreSQL tables, to run by hand"
     )
@@ -137,6 +166,11 @@ def _release(args: argparse.Namespace) -> int:
     return asyncio.run(force_release(url, args.name, args.yes, args.reason))
 
 
+def _reading(args: argparse.Namespace) -> str:
+    """The store URL of an action: one that must be there already."""
+    return url_of(args.url, reading=True)
+
+
 def _command(args: argparse.Namespace) -> int | None:
     """Run the parsed command; its exit status (None: 0)."""
     listing = forced if getattr(args, "forced", False) else locks
@@ -147,9 +181,13 @@ def _command(args: argparse.Namespace) -> int | None:
             listing(url_of(args.url, reading=True), args.prefix, args.json)
         ),
         "release": lambda: _release(args),
-        "web": lambda: asyncio.run(web(args.url, args.host, args.port, args.app)),
+        "web": lambda: asyncio.run(web(args.url, args.host, args.port, args.app, args.token_file)),
         "doctor": lambda: asyncio.run(doctor(url_of(args.url, reading=True))),
         "tasks": lambda: asyncio.run(tasks(args.url, args.task, args.limit, args.json, args.app)),
+        "pause": lambda: asyncio.run(pause(_reading(args), args.task, args.reason)),
+        "resume": lambda: asyncio.run(resume(_reading(args), args.task)),
+        "trigger": lambda: asyncio.run(trigger(_reading(args), args.task, args.wait)),
+        "audit": lambda: asyncio.run(audit(_reading(args), args.limit, args.json)),
         "schema": lambda: schema(url_of(args.url)),
         "_instance": lambda: asyncio.run(
             demo_instance(args.url, args.index, args.seconds, args.offset)

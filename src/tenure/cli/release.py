@@ -1,12 +1,13 @@
 """``tenure release NAME --force``: free a lock whoever holds it, with a
-confirmation and an audit record."""
+confirmation and audit records (``tenure locks --forced``, ``tenure audit``)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 
-from ..errors import ConfigurationError
+from ..control import Control
+from ..errors import ConfigurationError, InvalidArgument
 from ..locks import LockService
 
 
@@ -31,8 +32,9 @@ async def force_release(url: str, name: str, yes: bool, reason: str | None) -> i
             if answer.strip().lower() not in ("y", "yes"):
                 print("nothing freed")
                 return 1
-        record = await service.force_release(name, reason=reason)
-        if record is None:
+        try:
+            record = await Control(service).force_release(name, reason=reason)
+        except InvalidArgument:
             print(f"lock {name!r} was released or changed hands meanwhile: nothing freed")
             return 1
         print(

@@ -153,6 +153,7 @@ class Lock:
         """The local half of a release: stop renewing; whether it was still held."""
         lease = self._lease
         was_held = lease.mark_released()
+        lease.say_lost()  # a loss found just before: its event precedes the release's
         service = self._service
         service._held.discard(self)
         service._renewer.discard(lease)

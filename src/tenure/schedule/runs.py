@@ -144,6 +144,12 @@ class Runs:
         self.counts[RunOutcome.CLAIMED_ELSEWHERE] += 1
         self._tell(name, occurrence, RunOutcome.CLAIMED_ELSEWHERE, None)
 
+    def paused(self, name: str, occurrence: float) -> None:
+        """An occurrence that its task's pause skipped (``tenure.control``)."""
+        log.debug("task %r: occurrence %s skipped: the task is paused", name, occurrence)
+        self.counts[RunOutcome.PAUSED] += 1
+        self._tell(name, occurrence, RunOutcome.PAUSED, None)
+
     async def close_unconfirmed(self, record: RunRecord) -> None:
         closed = dataclasses.replace(
             record,

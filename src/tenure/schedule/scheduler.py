@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import math
@@ -57,11 +58,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from .._threads import THREAD_QUEUE, THREADS, WorkerPool
+from ..control import ControlWatch, RunRequest
 from ..errors import InvalidArgument, LockLost
 from ..locks import LockService
 from ..stores.runlog import PRESENCE_TTL
 from ._presence import READY_WAIT
 from .interval import interval_seconds
+from .pausing import hold_paused
 from .skew import SKEW_WARNING, SkewWatch
 from .tasks import DEFAULT_KEEP_RUNS, ScheduledTask, ScheduledTaskStore
 
@@ -122,6 +125,15 @@ class Scheduler:
         )
         if prune is not None:
             self.tasks.add(self._prune, prune, name=PRUNE_TASK)
+        self.control = ControlWatch(
+            locks.store,
+            locks.holder,
+            lambda: {task.name: task.schedule.expr for task in self.tasks},
+            self._requested,
+            keep_runs=keep_runs,
+            serving=lambda: not self._stopping,  # a stopping one leaves requests to others
+        )
+        """Its side of ``tenure.control``: its tasks registered, pauses, run requests."""
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -252,12 +264,16 @@ class Scheduler:
         with contextlib.suppress(TimeoutError):  # the first tick is spread too
             async with asyncio.timeout(READY_WAIT):  # (wait_for may drop a cancel on 3.11)
                 await self.tasks.read_peers()
-        watching = asyncio.ensure_future(self._skew.watch())
+        watching = [
+            asyncio.ensure_future(self._skew.watch()),
+            asyncio.ensure_future(self.control.watch()),
+        ]
         try:
             await self._timer_loop()
         finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+            for watch in watching:
+                watch.cancel()
+            await asyncio.gather(*watching, return_exceptions=True)
             self.cancelled = await self._drain()
             await self.tasks.flush_missed(self.shutdown_timeout)
             self.tasks.threads.shutdown()
@@ -324,9 +340,15 @@ class Scheduler:
     async def _start_due(self, due: list[tuple[str, float]]) -> None:
         """Claim one tick's occurrences together; each one won runs as a task of its own."""
         try:
+            due = await hold_paused(self.tasks, self.control, due, self._start_run)
             await self.tasks.run_due(due, self._start_run)
         except Exception:
             log.exception("%d occurrence(s) due at once could not be started", len(due))
+
+    def _requested(self, request: RunRequest) -> None:
+        """Run a task now, as an operator asked through the store."""
+        run = functools.partial(self.tasks.run, request.task, run_id=request.request_id)
+        self._spawn(self._fire(request.task, None, run))
 
     def _start_run(
         self, name: str, occurrence: float, run: Callable[[], Coroutine[Any, Any, Any]]
@@ -334,7 +356,7 @@ class Scheduler:
         self._spawn(self._fire(name, occurrence, run))
 
     async def _fire(
-        self, name: str, occurrence: float, run: Callable[[], Coroutine[Any, Any, Any]]
+        self, name: str, occurrence: float | None, run: Callable[[], Coroutine[Any, Any, Any]]
     ) -> None:
         try:
             await run()

@@ -183,7 +183,9 @@ class ScheduledTaskStore:
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 
-    async def run(self, name: str, *, occurrence: float | None = None) -> Outcome:
+    async def run(
+        self, name: str, *, occurrence: float | None = None, run_id: str | None = None
+    ) -> Outcome:
         """Run the task ``name`` once under its own name as the lock.
 
         With ``occurrence`` (its fire time, as the timer loop passes it) the
@@ -192,32 +194,22 @@ class ScheduledTaskStore:
         occurrence or the lock belongs to another run, or when the occurrence
         was missed (its store calls failed past the misfire grace: recorded as
         ``missed``). An exception from the task (or LockLost) is recorded and
-        then raised.
+        then raised. ``run_id`` names a manual run's record (a run asked for
+        through ``tenure.control``); by default a random one.
         """
         task = self[name]
         await self.presence.taken()  # while it is live, this run's record reads running
         if occurrence is not None and task.exclusive:
-            return await self._occurrence(task, self._new_start(task, occurrence))
-        return await self._guarded(task, occurrence)
+            return await self.occurrence(task, self.new_start(task, occurrence))
+        return await self.guarded(task, occurrence, run_id)
 
-    def _new_start(self, task: ScheduledTask, occurrence: float) -> Start:
+    def new_start(self, task: ScheduledTask, occurrence: float) -> Start:
         """An occurrence's claim, with a claimant of its own (its retries are
         "yours"; any other run of it, even from this instance, is "elsewhere"),
         and its start record."""
         holder = self.locks.holder
         claim = Claim(task.name, occurrence, f"{holder}/{secrets.token_hex(6)}")
-        return claim, self._start_record(task.name, occurrence)
-
-    def _start_record(self, name: str, occurrence: float | None) -> RunRecord:
-        return RunRecord(
-            run_id=secrets.token_hex(8),
-            task=name,
-            fire_time=occurrence,
-            instance=self.locks.holder,
-            started=self.clock(),
-            ended=None,
-            outcome=RunOutcome.RUNNING,
-        )
+        return claim, _running(task.name, occurrence, self.locks.holder, self.clock())
 
     async def run_due(
         self,
@@ -241,7 +233,7 @@ class ScheduledTaskStore:
         for name, occurrence in due:
             task = self[name]
             if not task.exclusive:
-                start(name, occurrence, functools.partial(self._guarded, task, occurrence))
+                start(name, occurrence, functools.partial(self.guarded, task, occurrence))
             elif self.spread.mine(name):
                 first.append((task, occurrence))
             else:
@@ -265,7 +257,7 @@ class ScheduledTaskStore:
         elsewhere = False
         sent = []
         for task, occurrence in group:
-            begin = self._new_start(task, occurrence)
+            begin = self.new_start(task, occurrence)
             sent.append((task, begin, self.calls.begin(task.ttl, begin)))
         for i, (task, begin, answer) in enumerate(sent):
             begun: Begun | None = None  # not known: the run asks again, as the same claimant
@@ -281,7 +273,7 @@ class ScheduledTaskStore:
                 self.runs.claimed_elsewhere(task.name, begin[0].fire_time)
                 elsewhere = True
                 continue
-            run = functools.partial(self._occurrence, task, begin, begun, begun is None)
+            run = functools.partial(self.occurrence, task, begin, begun, begun is None)
             start(task.name, begin[0].fire_time, run)
         return elsewhere
 
@@ -319,9 +311,11 @@ class ScheduledTaskStore:
         """Wait up to ``timeout`` seconds for the records of missed occurrences."""
         await self.calls.missed_records.flush(timeout)
 
-    async def _guarded(self, task: ScheduledTask, occurrence: float | None) -> Outcome:
+    async def guarded(
+        self, task: ScheduledTask, occurrence: float | None, run_id: str | None = None
+    ) -> Outcome:
         """A manual run, or an occurrence of a task that runs on every instance."""
-        record = self._start_record(task.name, occurrence)
+        record = _running(task.name, occurrence, self.locks.holder, self.clock(), run_id)
         try:
             await self.runs.retried(
                 occurrence, lambda: self.calls.records(record), "recording its start"
@@ -333,7 +327,7 @@ class ScheduledTaskStore:
             return await self.runs.ran(task, record, self.runs.exclusively(task, record))
         return await self.runs.ran(task, record, self.runs.everywhere(task, record))
 
-    async def _occurrence(
+    async def occurrence(
         self,
         task: ScheduledTask,
         start: Start,
@@ -369,3 +363,18 @@ class ScheduledTaskStore:
             self.runs.claimed_elsewhere(task.name, occurrence)
             return Outcome.SKIPPED
         return await self.runs.ran(task, record, self.runs.under(task, record, begun.lock))
+
+
+def _running(
+    name: str, occurrence: float | None, instance: str, started: float, run_id: str | None = None
+) -> RunRecord:
+    """A run's start record (a random run id unless given)."""
+    return RunRecord(
+        run_id=run_id or secrets.token_hex(8),
+        task=name,
+        fire_time=occurrence,
+        instance=instance,
+        started=started,
+        ended=None,
+        outcome=RunOutcome.RUNNING,
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -263,6 +263,7 @@ class _MemoryRunLog(RunLog):
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
         self._forced: list[ForcedRelease] = []
+        self._board: dict[str, dict[str, str]] = {}
 
     @property
     def leases(self) -> MemoryStore:
@@ -327,3 +328,22 @@ class _MemoryRunLog(RunLog):
     ) -> list[ForcedRelease]:
         with self._store._mutex:
             return newest(self._forced, name, limit)
+
+    async def board(self, kind: str) -> dict[str, str]:
+        with self._store._mutex:
+            return dict(self._board.get(kind, {}))
+
+    async def board_swap(self, kind: str, key: str, expect: str | None, value: str | None) -> bool:
+        with self._store._mutex:
+            entries = self._board.setdefault(kind, {})
+            if entries.get(key) != expect:
+                return False
+            if value is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = value
+            return True
+
+    async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
+        with self._store._mutex:
+            self._board.setdefault(kind, {}).update(values)

@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .audit import ForcedRelease
 from .base import AcquireItem, Grant
+from .board import Board
 
 if TYPE_CHECKING:
     from .base import Store
@@ -70,6 +71,13 @@ class RunOutcome(enum.StrEnum):
     """Its lock was lost under it."""
     MISSED = "missed"
     """It could not run: the store failed for longer than the misfire grace."""
+    SENT = "sent"
+    """A Celery beat sent the task's message, as an operator asked
+    (``tenure.celery.BeatScheduler``): a worker runs it."""
+    PAUSED = "paused"
+    """The record of one pause of a task (``tenure.control``): ``started`` and
+    ``ended`` say from when to when, ``error`` by whom and how many
+    occurrences it skipped; ``instance`` is who paused it."""
     ABANDONED = "abandoned"
     """Its instance died while it ran (read from a ``running`` record whose
     instance's presence lease is gone; stored so by the prune task)."""
@@ -204,9 +212,10 @@ class Started(NamedTuple):
     start record is then written); None when either was not."""
 
 
-class RunLog(ABC):
+class RunLog(Board):
     """Claims and run records, kept in a store beside its leases (``store.runlog``);
-    and the audit records of forced releases (``stores.audit``)."""
+    the audit records of forced releases (``stores.audit``); and the control
+    board (``stores.board``)."""
 
     @property
     @abstractmethod

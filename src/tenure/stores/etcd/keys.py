@@ -72,7 +72,7 @@ def digest(token: str) -> bytes:
 class Keys:
     """The key layout of one store (its ``prefix``)."""
 
-    __slots__ = ("claims", "forced", "limits", "locks", "runs", "sems", "tokens")
+    __slots__ = ("boards", "claims", "forced", "limits", "locks", "runs", "sems", "tokens")
 
     def __init__(self, prefix: str) -> None:
         p = prefix.encode()
@@ -83,6 +83,11 @@ class Keys:
         self.forced = p + b"/forced/"
         self.sems = p + b"/sem/"
         self.limits = p + b"/semlimit/"
+        self.boards = p + b"/board/"
+
+    def board(self, kind: str) -> bytes:
+        """What every entry of one kind of the control board starts with."""
+        return self.boards + kind.encode() + b"/"
 
     def permits(self, name: str) -> bytes:
         """What every permit and queue entry of semaphore ``name`` starts with

@@ -6,13 +6,15 @@ transaction; a batch of claims is one transaction. A run record is
 ``P/run/T\\0S/R`` (a JSON array of ``RunRecord.row()``); keys sort by start
 time within a task, so trimming reads the oldest few. A forced release's audit
 record is ``P/forced/A/I`` (a JSON array of ``ForcedRelease.row()``; keys sort
-by time), trimmed to ``FORCED_KEEP``.
+by time), trimmed to ``FORCED_KEEP``. The control board's entries are
+``P/board/KIND/KEY``; a compare-and-set is a transaction comparing the value
+(or, for "no entry", the create revision 0).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from aetcd import rpc
@@ -245,3 +247,35 @@ class EtcdRunLog(RunLog):
         )
         found = (ForcedRelease.from_row(json.loads(kv.value)) for kv in answer.kvs)
         return newest(found, name, limit)
+
+    async def board(self, kind: str) -> dict[str, str]:
+        start = self.keys.board(kind)
+        answer = await self.transport.call(
+            "Range", "kv", rpc.RangeRequest(key=start, range_end=prefix_end(start))
+        )
+        return {kv.key[len(start) :].decode(): kv.value.decode() for kv in answer.kvs}
+
+    async def board_swap(self, kind: str, key: str, expect: str | None, value: str | None) -> bool:
+        entry = self.keys.board(kind) + key.encode()
+        if expect is None:
+            held = is_(entry, "CREATE", create_revision=0)
+        else:
+            held = is_(entry, "VALUE", value=expect.encode())
+        if value is None:
+            then = [] if expect is None else [delete(entry)]
+        else:
+            then = [rpc.RequestOp(request_put=rpc.PutRequest(key=entry, value=value.encode()))]
+        answer = await self.transport.call(
+            "Txn", "kv", rpc.TxnRequest(compare=[held], success=then)
+        )
+        return bool(answer.succeeded)
+
+    async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
+        if not values:
+            return
+        start = self.keys.board(kind)
+        puts = [
+            rpc.RequestOp(request_put=rpc.PutRequest(key=start + key.encode(), value=v.encode()))
+            for key, v in values.items()
+        ]
+        await self.transport.call("Txn", "kv", rpc.TxnRequest(success=puts))

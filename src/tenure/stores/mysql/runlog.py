@@ -4,13 +4,14 @@ A claim is one row per task, advanced by a compare-and-advance upsert; a
 batch of claims is one transaction (the upsert of every row, read from a
 JSON array with ``JSON_TABLE``, then a read of which are now the caller's).
 Run records are rows of ``<prefix>_runs``, one column per ``RunRecord``
-field; forced releases' audit records are JSON in ``<prefix>_forced``.
+field; forced releases' audit records are JSON in ``<prefix>_forced``; the
+control board's entries rows of ``<prefix>_board``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..audit import FORCED_KEEP, ForcedRelease
@@ -191,3 +192,45 @@ class MySQLRunLog(RunLog):
                 (name, limit),
             )
         return [ForcedRelease.from_row(json.loads(text(record))) for (record,) in rows]
+
+    async def board(self, kind: str) -> dict[str, str]:
+        rows = await self.transport.query(
+            f"SELECT k, value FROM {self.names.board} WHERE kind = %s", (kind,)
+        )
+        return {text(key): text(value) for key, value in rows}
+
+    async def board_swap(self, kind: str, key: str, expect: str | None, value: str | None) -> bool:
+        board = self.names.board
+        if (expect is None and value is None) or expect == value:
+            rows = await self.transport.query(
+                f"SELECT value FROM {board} WHERE kind = %s AND k = %s", (kind, key)
+            )
+            return [text(v) for (v,) in rows] == ([] if expect is None else [expect])
+        if expect is None:
+            # Not INSERT IGNORE: its duplicate is a warning, which aiomysql
+            # raises as one. Inserted, the row counts 1; kept as it was, 0.
+            sql = (
+                f"INSERT INTO {board} (kind, k, value) VALUES (%s, %s, %s)"
+                " ON DUPLICATE KEY UPDATE k = k"
+            )
+            args: tuple[object, ...] = (kind, key, value)
+        elif value is None:
+            sql = f"DELETE FROM {board} WHERE kind = %s AND k = %s AND value = %s"
+            args = (kind, key, expect)
+        else:
+            # The values differ: an UPDATE that matched its row changed it
+            # (MySQL counts the rows changed, not the rows matched).
+            sql = f"UPDATE {board} SET value = %s WHERE kind = %s AND k = %s AND value = %s"
+            args = (value, kind, key, expect)
+        return await self.transport.changed(sql, args) == 1
+
+    async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
+        if values:
+            await self.transport.changed(
+                f"INSERT INTO {self.names.board} (kind, k, value)"
+                " SELECT %s, CAST(j.k AS BINARY), CAST(j.v AS BINARY) FROM JSON_TABLE(%s, '$[*]'"
+                " COLUMNS (k VARCHAR(320) CHARACTER SET utf8mb4 PATH '$[0]',"
+                " v LONGTEXT CHARACTER SET utf8mb4 PATH '$[1]')) AS j"
+                " ON DUPLICATE KEY UPDATE value = CAST(j.v AS BINARY)",
+                (kind, json.dumps(list(values.items()))),
+            )

@@ -4,8 +4,10 @@ Tables (``<prefix>_*`` in the URL's database, InnoDB): ``meta`` (the schema
 version, the fencing floor), ``leases`` (a row per lock name, kept on
 release; expiry ``DATETIME(6)`` in UTC by the server's clock), ``claims`` and
 ``runs`` (the scheduler's), ``forced`` (audit records), ``semaphores`` (a row
-per semaphore, its ledger as JSON). Names are ``VARBINARY``: compared byte
-for byte, sorted as PostgreSQL's "C" collation sorts them.
+per semaphore, its ledger as JSON), ``board`` (the control board's entries,
+their values ``LONGBLOB`` so that a compare-and-set compares bytes). Names
+are ``VARBINARY``: compared byte for byte, sorted as PostgreSQL's "C"
+collation sorts them.
 
 A renewal batch is a stored procedure (``<prefix>_renew``), one transaction
 in one call: MySQL has no ``RETURNING`` to say which rows an UPDATE changed.
@@ -39,7 +41,7 @@ __all__ = (
     "tables",
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_PREFIX = 40
 """Characters: ``<prefix>_semaphores`` must fit MySQL's 64-character identifiers."""
 
@@ -66,6 +68,7 @@ class Names:
         self.runs = f"`{prefix}_runs`"
         self.forced = f"`{prefix}_forced`"
         self.semaphores = f"`{prefix}_semaphores`"
+        self.board = f"`{prefix}_board`"
         self.renew = f"`{prefix}_renew`"
 
 
@@ -106,6 +109,11 @@ def tables(names: Names) -> list[str]:
         f"CREATE TABLE IF NOT EXISTS {names.semaphores} ("
         " name VARBINARY(320) NOT NULL PRIMARY KEY,"
         " ledger JSON NOT NULL) ENGINE=InnoDB",
+        f"CREATE TABLE IF NOT EXISTS {names.board} ("
+        " kind VARCHAR(32) CHARACTER SET ascii NOT NULL,"
+        " k VARBINARY(320) NOT NULL,"
+        " value LONGBLOB NOT NULL,"
+        " PRIMARY KEY (kind, k)) ENGINE=InnoDB",
     ]
 
 

@@ -3,7 +3,8 @@
 A claim is one row per task (``<prefix>_claims``), advanced by a
 compare-and-advance upsert; run records are rows of ``<prefix>_runs`` (one
 column per ``RunRecord`` field), forced releases' audit records rows of
-``<prefix>_forced`` (one column per ``ForcedRelease`` field). A batch of
+``<prefix>_forced`` (one column per ``ForcedRelease`` field), the control
+board's entries rows of ``<prefix>_board`` (kind, key, value). A batch of
 occurrence starts is one statement and one transaction: the claims, then the
 acquires of those won, then the start records of those granted, each step
 reading the one before through its RETURNING; rows are written in task order,
@@ -12,7 +13,7 @@ so two batches that share tasks lock them in the same order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..audit import FORCED_KEEP, ForcedRelease
@@ -112,6 +113,24 @@ class _Statements:
             " RETURNING 1) DELETE FROM {forced} WHERE at < (SELECT at FROM {forced}"
             f" ORDER BY at DESC LIMIT 1 OFFSET {FORCED_KEEP - 2})"
         )
+        self.board = names.render("SELECT key, value FROM {board} WHERE kind = %s")
+        self.board_create = names.render(
+            "INSERT INTO {board} (kind, key, value) VALUES (%s, %s, %s)"
+            " ON CONFLICT DO NOTHING RETURNING 1"
+        )
+        self.board_update = names.render(
+            "UPDATE {board} SET value = %s WHERE kind = %s AND key = %s AND value = %s RETURNING 1"
+        )
+        self.board_delete = names.render(
+            "DELETE FROM {board} WHERE kind = %s AND key = %s AND value = %s RETURNING 1"
+        )
+        self.board_absent = names.render(
+            "SELECT NOT EXISTS (SELECT 1 FROM {board} WHERE kind = %s AND key = %s)"
+        )
+        self.board_put = names.render(
+            "INSERT INTO {board} (kind, key, value) SELECT %s, * FROM unnest(%s::text[],"
+            " %s::text[]) ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value"
+        )
         self.forced_all = names.render(f"SELECT {forced} FROM {{forced}} ORDER BY at DESC LIMIT %s")
         self.forced_name = names.render(
             f"SELECT {forced} FROM {{forced}} WHERE name = %s ORDER BY at DESC LIMIT %s"
@@ -203,3 +222,24 @@ class PostgresRunLog(RunLog):
         else:
             rows = await self.transport.query(self.sql.forced_name, (name, limit))
         return [ForcedRelease.from_row(row) for row in rows]
+
+    async def board(self, kind: str) -> dict[str, str]:
+        return dict(await self.transport.query(self.sql.board, (kind,)))
+
+    async def board_swap(self, kind: str, key: str, expect: str | None, value: str | None) -> bool:
+        if expect is None and value is None:
+            [(absent,)] = await self.transport.query(self.sql.board_absent, (kind, key))
+            return bool(absent)
+        if expect is None:
+            rows = await self.transport.query(self.sql.board_create, (kind, key, value))
+        elif value is None:
+            rows = await self.transport.query(self.sql.board_delete, (kind, key, expect))
+        else:
+            rows = await self.transport.query(self.sql.board_update, (value, kind, key, expect))
+        return bool(rows)
+
+    async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
+        if values:
+            await self.transport.query(
+                self.sql.board_put, (kind, list(values), list(values.values()))
+            )

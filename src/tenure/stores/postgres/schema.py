@@ -30,7 +30,7 @@ __all__ = (
     "schema_sql",
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SEM_LOCK_CLASS = 0x74656E75  # "tenu": the first key of a semaphore's advisory lock
 MAX_PREFIX_BYTES = 40  # "<prefix>_released" must fit PostgreSQL's 63-byte identifiers
 MAX_IDENT_BYTES = 63
@@ -56,6 +56,7 @@ class Names:
         self.runs_index = pgsql.Identifier(f"{prefix}_runs_task")
         self.forced = pgsql.Identifier(schema, f"{prefix}_forced")
         self.forced_index = pgsql.Identifier(f"{prefix}_forced_name")
+        self.board = pgsql.Identifier(schema, f"{prefix}_board")
         self.meta = pgsql.Identifier(schema, f"{prefix}_meta")
         self.semaphores = pgsql.Identifier(schema, f"{prefix}_semaphores")
         self.permits = pgsql.Identifier(schema, f"{prefix}_permits")
@@ -79,6 +80,7 @@ class Names:
                 runs_index=self.runs_index,
                 forced=self.forced,
                 forced_index=self.forced_index,
+                board=self.board,
                 semaphores=self.semaphores,
                 permits=self.permits,
                 sem_queue=self.sem_queue,
@@ -254,8 +256,12 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    reason text\n"
         ");\n"
         "CREATE INDEX IF NOT EXISTS {forced_index} ON {forced} (name, at);\n"
-        + SEMAPHORES
-        + "CREATE TABLE IF NOT EXISTS {meta} (\n"
+        "CREATE TABLE IF NOT EXISTS {board} (\n"
+        "    kind text NOT NULL,\n"
+        "    key text NOT NULL,\n"
+        "    value text NOT NULL,\n"
+        "    PRIMARY KEY (kind, key)\n"
+        ");\n" + SEMAPHORES + "CREATE TABLE IF NOT EXISTS {meta} (\n"
         "    key text PRIMARY KEY,\n"
         "    value text NOT NULL\n"
         ");\n"
@@ -263,8 +269,8 @@ def schema_sql(schema: str = "public", prefix: str = "tenure") -> str:
         "    ON CONFLICT (key) DO NOTHING;\n"
         "-- The application's database user then needs (replace app_user):\n"
         "-- GRANT USAGE ON SCHEMA {schema} TO app_user;\n"
-        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {forced}, {meta},"
-        " {semaphores}, {permits}, {sem_queue} TO app_user;\n"
+        "-- GRANT SELECT, INSERT, UPDATE, DELETE ON {leases}, {claims}, {runs}, {forced}, {board},"
+        " {meta}, {semaphores}, {permits}, {sem_queue} TO app_user;\n"
         "-- GRANT EXECUTE ON FUNCTION {sem_acquire} TO app_user;\n"
         "-- GRANT USAGE ON SEQUENCE {fence} TO app_user;\n"
     )

@@ -12,12 +12,14 @@
   different hash slots, the contract's default three steps are made.
 * Forced releases' audit records are a list (``{prefix:forced}``) of JSON
   arrays of ``ForcedRelease.row()``, newest first, trimmed to ``FORCED_KEEP``.
+* Each kind of the control board is a hash (``{prefix:board}:KIND``); a
+  compare-and-set is a script (``board_swap.lua``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..audit import FORCED_KEEP, ForcedRelease, newest
@@ -145,3 +147,22 @@ class RedisRunLog(RunLog):
     ) -> list[ForcedRelease]:
         rows: Any = await self.transport.call("lrange", self.keys.forced, 0, -1)
         return newest((ForcedRelease.from_row(json.loads(row)) for row in rows), name, limit)
+
+    async def board(self, kind: str) -> dict[str, str]:
+        entries: Any = await self.transport.call("hgetall", self.keys.board(kind))
+        return {_text(key): _text(value) for key, value in entries.items()}
+
+    async def board_swap(self, kind: str, key: str, expect: str | None, value: str | None) -> bool:
+        args = [key, "0" if expect is None else "1", expect or "", "0" if value is None else "1"]
+        answer = await self.transport.script(
+            "board_swap", [self.keys.board(kind)], [*args, value or ""]
+        )
+        return bool(answer)
+
+    async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
+        if values:
+            await self.transport.call("hset", self.keys.board(kind), None, None, dict(values))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

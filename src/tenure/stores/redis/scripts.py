@@ -56,6 +56,7 @@ _SCRIPTS = (
     "sem_release",
     "sem_renew",
     "sem_state",
+    "board_swap",
 )
 PRELUDES = {
     "acquire": ("_grant", "_acquire"),
@@ -117,6 +118,10 @@ class Keys:
     """The key layout of one store (its ``prefix``), and the calls built on it."""
 
     __slots__ = ("claims_tag", "forced", "prefix", "tasks")
+
+    def board(self, kind: str) -> str:
+        """The hash of one kind of the control board (``stores.board``)."""
+        return f"{{{self.prefix}:board}}:{kind}"
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix

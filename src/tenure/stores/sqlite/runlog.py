@@ -3,7 +3,8 @@
 A claim is one row per task (``<prefix>_claims``), advanced by a
 compare-and-advance upsert; run records are rows of ``<prefix>_runs``, one
 column per ``RunRecord`` field; forced releases' audit records are rows of
-``<prefix>_forced``, one column per ``ForcedRelease`` field. A batch (claims,
+``<prefix>_forced``, one column per ``ForcedRelease`` field; the control
+board is ``<prefix>_board`` (kind, key, value). A batch (claims,
 starts, records) is one write transaction: its items are committed together,
 at the cost of one commit.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..audit import FORCED_KEEP, ForcedRelease
@@ -201,6 +202,45 @@ class SQLiteRunLog(RunLog):
                 (name, limit),
             )
         return [ForcedRelease.from_row(row) for row in rows]
+
+    async def board(self, kind: str) -> dict[str, str]:
+        p = self.db.prefix
+        return dict(self.db.run(f"SELECT key, value FROM {p}_board WHERE kind = ?", (kind,)))
+
+    async def board_swap(self, kind: str, key: str, expect: str | None, value: str | None) -> bool:
+        p = self.db.prefix
+        if expect is None and value is None:
+            rows = self.db.run(f"SELECT 1 FROM {p}_board WHERE kind = ? AND key = ?", (kind, key))
+            return not rows
+        if expect is None:
+            rows = self.db.run(
+                f"INSERT INTO {p}_board (kind, key, value) VALUES (?, ?, ?)"
+                " ON CONFLICT DO NOTHING RETURNING 1",
+                (kind, key, value),
+            )
+        elif value is None:
+            rows = self.db.run(
+                f"DELETE FROM {p}_board WHERE kind = ? AND key = ? AND value = ? RETURNING 1",
+                (kind, key, expect),
+            )
+        else:
+            rows = self.db.run(
+                f"UPDATE {p}_board SET value = ? WHERE kind = ? AND key = ? AND value = ?"
+                " RETURNING 1",
+                (value, kind, key, expect),
+            )
+        return bool(rows)
+
+    async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
+        if not values:
+            return
+        p = self.db.prefix
+        self.db.run(
+            f"INSERT INTO {p}_board (kind, key, value) SELECT ?1, j.key, j.value"
+            " FROM json_each(?2) AS j WHERE true"
+            " ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value",
+            (kind, json.dumps(values)),
+        )
 
 
 class _StartStatements:

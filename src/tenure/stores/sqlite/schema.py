@@ -31,7 +31,7 @@ __all__ = (
     "prepare",
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 PAGE_SIZE = 1024
 """Of a database file tenure creates. A grant or release rewrites one small
 row, and every commit appends the pages it changed to the WAL: at a quarter
@@ -129,7 +129,7 @@ def prepare(
                     f"of an older shape (schema version {row[0]}; this tenure uses "
                     f"{SCHEMA_VERSION}): tenure has no release yet that migrates them. Stop "
                     "every instance, then use a new file or another prefix (the old one "
-                    "holds only leases, run records and forced-release records)"
+                    "holds only leases, run records, audit records and the control board)"
                 )
             if row is None or row[0] != SCHEMA_VERSION:
                 raise ConfigurationError(
@@ -179,6 +179,10 @@ def prepare(
             )
             conn.execute(f"CREATE INDEX {p}_forced_at ON {p}_forced (at)")
             conn.execute(f"CREATE INDEX {p}_forced_name ON {p}_forced (name, at)")
+            conn.execute(
+                f"CREATE TABLE {p}_board (kind TEXT NOT NULL, key TEXT NOT NULL,"
+                " value TEXT NOT NULL, PRIMARY KEY (kind, key)) STRICT"
+            )
             conn.executemany(
                 f"INSERT INTO {p}_meta (key, value) VALUES (?, ?)",
                 [
