@@ -9,10 +9,14 @@ Side by side, interleaved in rounds, in one run:
 * PostgreSQL (a throwaway cluster, or ``--postgres URL``): ``tenure.sync``
   against two blocking ``SELECT 1`` and the hand-written lease cycle of
   bench/postgres_cycle.py on a blocking psycopg connection (autocommit,
-  statements prepared).
+  statements prepared);
+* MySQL/MariaDB (a throwaway ``mariadbd``, or ``--mysql URL``): ``tenure.sync``
+  (its plain calls through PyMySQL) against two blocking ``SELECT 1`` and the
+  hand-written lease cycle of bench/mysql_cycle.py on a PyMySQL connection
+  (autocommit).
 
     python bench/sync_cycle.py [--n 2000] [--rounds 7] [--redis redis://...]
-                               [--postgres postgresql://...]
+                               [--postgres postgresql://...] [--mysql mysql://...]
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import psycopg
+import pymysql
 import redis
 
 import tenure
@@ -35,8 +42,10 @@ from tenure.sync import LockService
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.mysql_server import MariaDBServer
 from tests.servers import PostgresServer
 
+import mysql_cycle
 from postgres_cycle import HAND_ACQUIRE, HAND_RELEASE, HAND_TABLE
 from redis_cycle import redis_server
 from sqlite_cycle import hand_written, lease_cycle
@@ -128,6 +137,38 @@ def redis_cycles(url: str, n: int, rounds: int) -> None:
     report(f"Redis, {rounds} rounds x {n} (median):", results, floor="two PINGs (blocking)")
 
 
+def sql_rounds(
+    title: str,
+    two_selects: Callable[[], None],
+    hand_cycle: Callable[[], None],
+    locks: LockService,
+    *,
+    n: int,
+    rounds: int,
+) -> None:
+    """A SQL store's round: its floor (two round trips), the hand-written
+    lease cycle on the same connection kind, and tenure.sync."""
+    contenders = {
+        "two SELECT 1 (blocking)": two_selects,
+        "hand-written lease cycle": hand_cycle,
+        "tenure.sync acquire+release": sync_cycle(locks),
+    }
+    results = interleaved(contenders, n, rounds)
+    report(f"{title}, {rounds} rounds x {n} (median):", results, floor="hand-written lease cycle")
+
+
+def on_server(url: str | None, server: Callable[[], Any], run: Callable[[str], None]) -> None:
+    """``run(url)``, or on a throwaway server that ``server()`` starts."""
+    if url:
+        run(url)
+        return
+    made = server()
+    try:
+        run(made.url())
+    finally:
+        made.stop()
+
+
 def postgres_cycles(url: str, n: int, rounds: int) -> None:
     conn = psycopg.connect(url, autocommit=True, prepare_threshold=0)
     conn.execute(HAND_TABLE)
@@ -141,15 +182,37 @@ def postgres_cycles(url: str, n: int, rounds: int) -> None:
             assert conn.execute(HAND_ACQUIRE, ("bench:hand", "t")).fetchone() is not None
             conn.execute(HAND_RELEASE, ("bench:hand", "t"))
 
-        contenders = {
-            "two SELECT 1 (blocking)": two_selects,
-            "hand-written lease cycle": hand_cycle,
-            "tenure.sync acquire+release": sync_cycle(locks),
-        }
-        results = interleaved(contenders, n, rounds)
+        sql_rounds("PostgreSQL", two_selects, hand_cycle, locks, n=n, rounds=rounds)
     conn.close()
-    title = f"PostgreSQL, {rounds} rounds x {n} (median):"
-    report(title, results, floor="hand-written lease cycle")
+
+
+def mysql_cycles(url: str, n: int, rounds: int) -> None:
+    parts = urlsplit(url)
+    conn = pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+        database=parts.path.lstrip("/"),
+        autocommit=True,
+    )
+    with conn.cursor() as cur:
+        cur.execute(mysql_cycle.HAND_TABLE)
+    with LockService.from_url(url) as locks, conn.cursor() as cur:
+
+        def two_selects() -> None:
+            cur.execute("SELECT 1")
+            cur.fetchone()
+            cur.execute("SELECT 1")
+            cur.fetchone()
+
+        def hand_cycle() -> None:
+            cur.execute(mysql_cycle.HAND_ACQUIRE, ("bench:hand", "t"))
+            assert cur.rowcount > 0
+            cur.execute(mysql_cycle.HAND_RELEASE, ("bench:hand", "t"))
+
+        sql_rounds("MySQL/MariaDB", two_selects, hand_cycle, locks, n=n, rounds=rounds)
+    conn.close()
 
 
 def main() -> None:
@@ -158,6 +221,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--redis", help="a Redis URL (default: a throwaway redis-server)")
     parser.add_argument("--postgres", help="a PostgreSQL URL (default: a throwaway cluster)")
+    parser.add_argument("--mysql", help="a MySQL/MariaDB URL (default: a throwaway mariadbd)")
     args = parser.parse_args()
     sqlite(args.n, args.rounds)
     if args.redis:
@@ -165,14 +229,8 @@ def main() -> None:
     else:
         with redis_server() as url:
             redis_cycles(url, args.n, args.rounds)
-    if args.postgres:
-        postgres_cycles(args.postgres, args.n, args.rounds)
-    else:
-        server = PostgresServer()
-        try:
-            postgres_cycles(server.url(), args.n, args.rounds)
-        finally:
-            server.stop()
+    on_server(args.postgres, PostgresServer, lambda url: postgres_cycles(url, args.n, args.rounds))
+    on_server(args.mysql, MariaDBServer, lambda url: mysql_cycles(url, args.n, args.rounds))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,10 @@ async def test_three_processes_obey_a_pause_and_take_a_run_request_once(three: s
         manual = [
             r for r in await reader.store.runlog.runs("cli.tick", 1000) if r.fire_time is None
         ]
-        assert [r.outcome for r in manual if r.outcome != RunOutcome.PAUSED] == [RunOutcome.RAN]
+        [run] = [r for r in manual if r.outcome != RunOutcome.PAUSED]
+        # Skipped when it met an occurrence's run holding the task's lock (each
+        # is brief, but one starts every second): taken and recorded once, either way.
+        assert run.outcome in (RunOutcome.RAN, RunOutcome.SKIPPED)
 
     audit = await asyncio.to_thread(tenure, "audit", "--url", url)
     assert audit.returncode == 0, audit.stderr

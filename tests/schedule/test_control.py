@@ -93,7 +93,7 @@ async def test_a_pause_is_obeyed_by_every_instance_and_counted_once_per_occurren
         await until(lambda: outcomes(seen, RunOutcome.RAN), 5, "a run before the pause")
         pause = await control.pause("tick", reason="maintenance")
         await control.pause("everywhere")
-        await until(lambda: all(len(s.control.paused) == 2 for s in schedulers), 3, "all see")
+        await until(lambda: all(len(s.control.paused) == 2 for s in schedulers), 5, "all see")
         obeyed = time.time()
         await until(lambda: len(outcomes(seen, RunOutcome.PAUSED)) >= 2, 5, "two skips")
         record = await control.resume("tick")
@@ -109,9 +109,12 @@ async def test_a_pause_is_obeyed_by_every_instance_and_counted_once_per_occurren
     every = [float(t) for t in range(int(min(ran)), int(max(ran)) + 1)]
     assert sorted(ran + skipped) == every, "and never neither: nothing lost"
     # The task of every instance: skipped on each, counted once per occurrence.
+    # (Each instance obeys from its own read of the board: before ``obeyed``
+    # one may still run an occurrence that another skips.)
     on_each = outcomes(seen, RunOutcome.PAUSED, "everywhere")
     assert on_each and set(on_each) & set(skipped), "paused together"
-    assert not set(on_each) & set(outcomes(seen, RunOutcome.RAN, "everywhere"))
+    ran_on_each = outcomes(seen, RunOutcome.RAN, "everywhere")
+    assert not {f for f in on_each if f > obeyed} & set(ran_on_each)
     assert everywhere.error is not None
     assert everywhere.error.endswith(f"; {len(set(on_each))} occurrence(s) skipped")
     assert record.outcome == RunOutcome.PAUSED

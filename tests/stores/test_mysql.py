@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
 import pytest
 
-from tenure import ConfigurationError, LockService
+from tenure import ConfigurationError, LockService, StoreUnavailable, sync
 from tenure.stores import from_url
 from tenure.stores.mysql import MySQLStore
+from tenure.stores.mysql.blocking import BlockingCalls
 from tenure.stores.mysql.schema import check_server
 
 from ..conftest import mariadb_server
@@ -158,3 +161,80 @@ async def test_doctor_names_what_a_crash_can_lose() -> None:
         assert all(level != "unsafe" for level, _ in levels), levels
     finally:
         durable.stop()
+
+
+def test_the_blocking_api_acquires_and_releases_on_the_callers_thread() -> None:
+    url = f"{mariadb_server().url()}?prefix=bl{uuid.uuid4().hex[:8]}&pool_max=2"
+    with sync.LockService.from_url(url) as locks:
+        calls = locks.store.blocking()
+        assert isinstance(calls, BlockingCalls)
+        lock = locks.acquire("plain", ttl=1)  # the tables made first, from this plain call
+        assert lock is not None and lock.release() is True
+        assert locks._portal._loop is None, "acquire and release made no hop to a loop thread"
+        # Threads share the idle connections; at most pool_max stay open.
+        grants: dict[int, list[int]] = {i: [] for i in range(6)}
+
+        def work(i: int) -> None:
+            for _ in range(20):
+                got = locks.acquire(f"thread-{i}", ttl=1)
+                assert got is not None
+                grants[i].append(got.fencing_token)
+                assert got.release() is True
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for fences in grants.values():  # fencing tokens rise per name
+            assert len(fences) == 20 and fences == sorted(set(fences))
+        assert 1 <= len(calls._idle) <= 2
+        # A waiting acquire goes through the loop thread's waiters, woken by
+        # a plain release in this process.
+        held = locks.acquire("waited-for", ttl=5)
+        assert held is not None
+        threading.Timer(0.3, held.release).start()
+        began = time.monotonic()
+        waited = locks.acquire("waited-for", ttl=1, wait=5)
+        assert waited is not None and waited.fencing_token > held.fencing_token
+        assert time.monotonic() - began < 2, "woken by the release, not by the expiry"
+        assert waited.release() is True
+
+
+def test_the_blocking_calls_fail_closed_on_a_stopped_server_and_ride_a_restart() -> None:
+    server = MariaDBServer()
+    try:
+        with sync.LockService.from_url(f"{server.url()}?timeout=0.5") as locks:
+            calls = locks.store.blocking()
+            assert isinstance(calls, BlockingCalls)
+            first = locks.acquire("paused", ttl=1)
+            assert first is not None and first.release() is True
+            server.pause()
+            try:
+                with pytest.raises(
+                    StoreUnavailable, match=r"did not answer within 0\.5 s"
+                ) as caught:
+                    locks.acquire("paused", ttl=1)
+                assert caught.value.__cause__ is not None
+            finally:
+                server.resume()
+            # The timed-out acquire was not sent again; it may still have run
+            # once the server resumed: a grant nobody holds, which lapses.
+            again = locks.acquire("paused", ttl=1, wait=3)
+            assert again is not None and again.fencing_token > first.fencing_token
+            assert again.release() is True
+            # Every idle connection dies with the server; the first statement
+            # after the restart drops them all and is sent once more.
+            lock = locks.acquire("restart", ttl=30)
+            assert lock is not None
+            taken = [calls._take()[0] for _ in range(3)]
+            for conn in taken:
+                calls._give_back(conn)
+            server.restart()  # SIGKILL, then start on the same data
+            assert lock.release() is True
+            assert all(not conn.open for conn in taken), "the restart bit: they were dropped"
+            after = locks.acquire("restart", ttl=5)
+            assert after is not None and after.fencing_token > lock.fencing_token
+            assert after.release() is True
+    finally:
+        server.stop()

@@ -1,10 +1,39 @@
-"""What a store with tables says when it finds them of another shape (PostgreSQL, MySQL)."""
+"""What a store with tables (PostgreSQL, MySQL) says when it finds them of
+another shape, and how its plain calls have them made."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+
 from ..errors import ConfigurationError
 
-__all__ = ("check_schema_version",)
+__all__ = ("check_schema_version", "on_a_thread")
+
+
+def on_a_thread(work: Callable[[], Awaitable[None]], name: str) -> None:
+    """Run ``work()`` to its end from a plain call (a blocking path creating
+    or checking the tables through the asyncio transport's own steps: one
+    definition of them and their errors), on an event loop of its own on a
+    short-lived thread, since the caller's thread may be running a loop
+    already. Its exception is raised here."""
+    failed: list[BaseException] = []
+
+    async def main() -> None:
+        await work()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 def check_schema_version(
@@ -18,7 +47,7 @@ def check_schema_version(
             f"{where}: {tables} are of an older shape (schema version {found}; this "
             f"tenure uses {expected}): tenure has no release yet that migrates them. "
             f"Stop every instance, drop them{what_else} (they hold only leases, claims, run "
-            "records and forced-release records) or use another prefix; `tenure schema` "
+            "records, audit records and the control board) or use another prefix; `tenure schema` "
             "prints the current shape"
         )
     if found != str(expected):

@@ -30,13 +30,16 @@ How it stays correct
 * **Waiters** poll (MySQL has no LISTEN/NOTIFY): see ``waiting``.
 
 Where the rest lives: ``schema`` (tables and procedures, made at first use),
-``transport`` (connections, turns, errors), ``waiting``, ``runlog`` (claims,
-run records, audit records), ``semaphores``, ``doctor`` (``tenure doctor``).
+``transport`` (connections, turns, errors), ``blocking`` (acquire and release
+as plain calls, through PyMySQL, for ``tenure.sync``), ``waiting``,
+``runlog`` (claims, run records, audit records, the control board),
+``semaphores``, ``doctor`` (``tenure doctor``).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
@@ -46,6 +49,7 @@ from .._gate import Gate
 from .._options import POOL_MAX, check_pool_max, check_timeout, mask, options
 from ..base import Finding, Grant, LeaseInfo, PrintsSchema, RenewItem, Store, evict
 from . import doctor
+from .blocking import BlockingCalls, ready_on_a_thread
 from .runlog import MySQLRunLog
 from .schema import Names, check_prefix, ensure, schema_sql
 from .semaphores import MySQLPermits
@@ -147,6 +151,8 @@ class MySQLStore(Store, PrintsSchema):
         self.waiting = Waiting(self.transport, self._remaining, self.describe())
         self._runlog = MySQLRunLog(self, self.transport, names)
         self._semaphores = MySQLPermits(self.transport, names, self.describe())
+        self._blocking: BlockingCalls | None = None
+        self._blocking_guard = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str) -> MySQLStore:
@@ -177,7 +183,21 @@ class MySQLStore(Store, PrintsSchema):
         # aiomysql connections belong to the loop that opened them.
         return self.remade()
 
+    def blocking(self) -> BlockingCalls:
+        with self._blocking_guard:  # callers on many threads: one set of connections
+            if self._blocking is None:
+                self._blocking = BlockingCalls(
+                    self.transport,
+                    (self._acquire, self._release),
+                    self.waiting.released,
+                    lambda: ready_on_a_thread(lambda: self.remade().transport),
+                    pool_max=self.pool_max,
+                )
+            return self._blocking
+
     async def aclose(self) -> None:
+        if self._blocking is not None:
+            self._blocking.close()
         self.transport.close()
 
     # -- leases ------------------------------------------------------------------

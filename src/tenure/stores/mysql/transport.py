@@ -223,6 +223,11 @@ class Transport:
             else:
                 conn.close()
 
+    async def ready(self) -> None:
+        """Create or check the tables now, unless done already."""
+        if not self._ready:
+            await self._make_ready()
+
     async def _make_ready(self) -> None:
         if self._ready_guard is None:
             self._ready_guard = asyncio.Lock()

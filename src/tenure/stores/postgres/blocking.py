@@ -17,7 +17,6 @@ reads) stays on the store's coroutines; the renewer has its own ``sibling()``.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import threading
 import weakref
@@ -29,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import StoreUnavailable
 from .._retry import once_more_now
+from .._schema import on_a_thread
 from ..base import BlockingLeases, Grant
 from .deadline import InFlight, watch_statements
 from .transport import IDLE, Transport, connect_timeout
@@ -171,11 +171,7 @@ class BlockingCalls(BlockingLeases):
 
 
 def ensure_schema_on_a_thread(make_transport: Callable[[], Transport]) -> None:
-    """Create or check the tables from a plain call: through the asyncio
-    transport's own steps (one definition of them and their errors), on an
-    event loop of its own on a short-lived thread, since the caller's thread
-    may be running a loop already."""
-    failed: list[BaseException] = []
+    """Create or check the tables from a plain call (see ``on_a_thread``)."""
 
     async def ensure() -> None:
         transport = make_transport()
@@ -184,17 +180,7 @@ def ensure_schema_on_a_thread(make_transport: Callable[[], Transport]) -> None:
         finally:
             await transport.aclose()
 
-    def run() -> None:
-        try:
-            asyncio.run(ensure())
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="tenure-postgres-schema")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
+    on_a_thread(ensure, "tenure-postgres-schema")
 
 
 def _closed(exc: BaseException) -> bool:
