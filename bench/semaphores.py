@@ -10,10 +10,14 @@ durable one) and a SQLite file. Two measurements:
   one run; on Redis also against a hand-written sorted-set semaphore (one
   ``EVAL`` that drops expired members, counts and adds; one ``ZREM``), the
   usual recipe, since pottery has no semaphore.
+* **Herd.** ``--waiters`` callers at once on a semaphore of 4, each holding
+  its permit 5 ms: the time each wave of permits costs beyond that work,
+  against the same with 8 callers, measured side by side. A release should
+  cost one acquire, not one per waiter: the ratio stays near 1x.
 * **Failover.** A leader in another process is SIGKILLed; how long until a
   campaigner waiting here is elected, against the target of TTL + 1 s.
 
-    python bench/semaphores.py [--n 1000] [--rounds 5] [--failovers 5] [--fsync]
+    python bench/semaphores.py [--n 1000] [--rounds 5] [--waiters 200] [--failovers 5] [--fsync]
                                [--store sqlite|redis|postgres|etcd ...]
 """
 
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tenure import LockService
+from tenure import LockService, Semaphore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.servers import EtcdCluster, PostgresServer, RedisServer
@@ -64,6 +68,9 @@ LEADER = textwrap.dedent(
     asyncio.run(main())
     """
 )
+
+
+HERD_LIMIT = 4
 
 
 async def _timed(fn: Callable[[], Awaitable[object]], n: int) -> float:
@@ -117,6 +124,36 @@ async def cycle(label: str, url: str, n: int, rounds: int, redis_url: str | None
         print(f"  {name:30s} {value * 1e6:8.1f} µs   {value / base:5.2f}x the lock's cycle")
 
 
+async def _crowd(semaphore: Semaphore, callers: int, hold: float) -> float:
+    """Seconds of overhead per wave of permits: ``callers`` at once, each
+    holding a permit ``hold`` seconds."""
+
+    async def one() -> None:
+        permit = await semaphore.acquire(ttl=30, wait=300)
+        assert permit is not None
+        await asyncio.sleep(hold)
+        await permit.release()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(callers)))
+    waves = callers / HERD_LIMIT
+    return (time.perf_counter() - start) / waves - hold
+
+
+async def herd(label: str, url: str, waiters: int) -> None:
+    hold = 0.005
+    async with LockService.from_url(url) as locks:
+        semaphore = locks.semaphore("bench-herd", HERD_LIMIT)
+        await _crowd(semaphore, 2 * HERD_LIMIT, hold)  # warm up
+        few = statistics.median([await _crowd(semaphore, 2 * HERD_LIMIT, hold) for _ in range(3)])
+        many = await _crowd(semaphore, waiters, hold)
+    print(
+        f"{label}: herd, {waiters} callers on a semaphore of {HERD_LIMIT} holding"
+        f" {hold * 1000:g} ms each: {many * 1000:.2f} ms per wave beyond the work,"
+        f" against {2 * HERD_LIMIT} callers' {few * 1000:.2f} ms: {many / few:.1f}x"
+    )
+
+
 def _elected_elsewhere(url: str, ttl: float) -> subprocess.Popen[str]:
     """A leader in a process of its own, once it is elected."""
     leader = subprocess.Popen(
@@ -154,6 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--waiters", type=int, default=200, help="the herd's callers")
     parser.add_argument("--failovers", type=int, default=5)
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--fsync", action="store_true", help="PostgreSQL with fsync=on")
@@ -185,6 +223,8 @@ def main() -> None:
         for label, url in stores.items():
             redis_url = url if label == "Redis" else None
             asyncio.run(cycle(label, url, args.n, args.rounds, redis_url))
+        for label, url in stores.items():
+            asyncio.run(herd(label, url, args.waiters))
         if args.failovers > 0:
             for label, url in stores.items():
                 asyncio.run(failover(label, url, args.ttl, args.failovers))

@@ -28,20 +28,30 @@ async def shielded(awaitable: Awaitable[T]) -> T:
     return result
 
 
-async def woken_within(future: asyncio.Future[None], timeout: float) -> None:
-    """Wait for a wake-up future of our own, at most ``timeout`` seconds.
+async def woken_within(future: asyncio.Future[None], timeout: float) -> bool:
+    """Wait for a wake-up future of our own, at most ``timeout`` seconds; whether
+    it was woken (False: the time ran out).
 
     ``asyncio.wait_for`` would cost a handoff two more turns of the event loop
     (its inner waiter and callback); here the timer settles the future itself,
     which only its waiter reads. Cancelling the caller cancels the future.
     """
     if future.done():
-        return
-    timer = asyncio.get_running_loop().call_later(timeout, settle, future)
+        return True
+    timed_out = False
+
+    def time_up() -> None:
+        nonlocal timed_out
+        if not future.done():
+            timed_out = True
+            future.set_result(None)
+
+    timer = asyncio.get_running_loop().call_later(timeout, time_up)
     try:
         await future
     finally:
         timer.cancel()
+    return not timed_out
 
 
 def settle(future: asyncio.Future[None]) -> None:

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from .lease import LOST_BY_STORE, LeaseState, renew_interval
 from .stores.base import RenewItem, Store
@@ -84,6 +85,8 @@ class Renewer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
+        self._late: set[asyncio.Future[list[bool]]] = set()
+        """Renewals left running past their budget: ended before the store is closed."""
         self._thread: threading.Thread | None = None
         self.started = False
         """Its thread was started (and not stopped since): read on every acquire."""
@@ -188,8 +191,12 @@ class Renewer:
         try:
             await self._run(store)
         finally:
-            warming.cancel()
-            await asyncio.gather(warming, return_exceptions=True)
+            # A call still running when its store closes would open a
+            # connection after the pool was emptied, and leak it.
+            left: list[asyncio.Future[Any]] = [warming, *self._late]
+            for call in left:
+                call.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
             if store is not self._store:
                 await store.aclose()
 
@@ -299,6 +306,8 @@ class Renewer:
             await asyncio.wait((call,), timeout=budget)
             if not call.done():
                 call.add_done_callback(_drop_answer)
+                self._late.add(call)
+                call.add_done_callback(self._late.discard)
                 raise TimeoutError(f"no answer within {budget:.2f} s")
             results = call.result()
         except Exception as exc:  # every failure is retried the same way, until the deadline

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import pytest
 
 from tenure import InvalidArgument, LockService, RunRecord, StoreUnavailable, current_lock
 from tenure._tokens import new_token
-from tenure.stores.base import AcquireItem
+from tenure.stores.base import AcquireItem, Grant
 from tenure.stores.runlog import Claim, Started, StartItem
 
 from ..conftest import StoreKind
@@ -55,6 +56,42 @@ async def test_a_batch_longer_than_the_stores_is_split(locks: LockService) -> No
     assert await locks.release_each([lock for lock in got if lock is not None]) == [True] * len(
         names
     )
+
+
+async def test_a_batch_cut_short_gives_back_its_locks_before_the_service_closes(
+    url: str,
+) -> None:
+    """A cancelled acquire_each gives back the locks its earlier chunks got,
+    in the background; a close() right after waits for those releases, so the
+    names are free at once rather than when their TTL runs out."""
+    locks = LockService.from_url(url)
+    store = locks.store
+    size = store.batch_max
+    names = [f"cut{i}" for i in range(size + 1)]
+    real = store.acquire_many
+    sent: list[int] = []
+    second = asyncio.Event()
+    never = asyncio.Event()
+
+    async def second_never_answered(items: Sequence[AcquireItem]) -> list[Grant | None]:
+        sent.append(len(items))
+        if len(sent) == 2:
+            second.set()
+            await never.wait()  # its answer is lost: the caller gives up
+        return await real(items)
+
+    store.acquire_many = second_never_answered  # type: ignore[method-assign]
+    cut = asyncio.ensure_future(locks.acquire_each(names, ttl=60))
+    await asyncio.wait_for(second.wait(), 10)
+    cut.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    await locks.close()
+    assert sent == [size, 1], "the first chunk was granted, the second cut short"
+    async with LockService.from_url(url) as other:
+        got = await other.acquire_each(names[:size], ttl=5)
+        assert all(lock is not None for lock in got), "a lock of the first chunk is still held"
+        await other.release_each([lock for lock in got if lock is not None])
 
 
 async def test_locks_of_a_batch_are_renewed_past_their_ttl(

@@ -6,6 +6,7 @@ Run on every store that several processes can share.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import time
 from collections.abc import Iterator
@@ -65,8 +66,11 @@ async def test_sigkill_frees_the_lock_within_the_ttl(
         assert lock is not None
         assert lock.fencing_token > got["fence"]
         # Its last renewal was at most TTL/3 before the kill; a margin for a
-        # loaded machine on top of the TTL.
-        assert freed_after <= TTL + 0.5, freed_after
+        # loaded machine on top of what the store promises: the TTL, or on
+        # etcd ceil(TTL) plus up to 0.5 s (its leader looks for expired
+        # leases twice a second).
+        promised = math.ceil(TTL) + 0.5 if shared_url.startswith("etcd://") else TTL
+        assert freed_after <= promised + 0.5, freed_after
 
 
 async def test_sigstop_past_the_ttl_loses_the_lock_to_another_process(

@@ -24,6 +24,7 @@ from tenure.lease import LOST_BY_STORE
 
 from ..helpers.lapse import lapse
 from ..helpers.procs import Worker
+from ..helpers.semaphore_turns import release_reaches_only_the_first
 from ..helpers.sync_as_async import ServiceOverSync
 
 TTL = 1.0
@@ -178,6 +179,13 @@ async def test_a_release_in_another_process_wakes_a_waiter_at_once(shared_url: s
             assert await store.release("woken", token) is True
     finally:
         holder.close()
+
+
+async def test_a_release_wakes_the_waiter_it_reaches_not_the_ones_behind(shared_url: str) -> None:
+    """A waiter counts the releases it hears against its place in the queue, so
+    that n waiters cost n handoffs, not n²."""
+    async with LockService.from_url(shared_url) as locks:
+        await release_reaches_only_the_first(locks)
 
 
 async def test_a_waiter_times_out_with_none_and_leaves_the_queue(locks: Any) -> None:

@@ -1,6 +1,6 @@
 """What only the MySQL/MariaDB store has: its URL, its tables and procedures made
 by hand or found of an older shape, the server's durability settings, a
-restart, the fencing floor across pruning. (The contract, scheduler, load and
+restart, fencing tokens across pruning. (The contract, scheduler, load and
 fault suites run on it too: ``mysql`` in tests/conftest.py's STORES.)"""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ async def test_tables_of_an_older_shape_are_named_as_such() -> None:
             await locks.acquire("made", ttl=5)
 
 
-async def test_the_fencing_floor_outlives_pruned_rows() -> None:
+async def test_a_pruned_name_starts_above_every_token_it_had() -> None:
     server = mariadb_server()
     prefix = f"fl{uuid.uuid4().hex[:8]}"
     async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
@@ -127,12 +127,42 @@ async def test_the_fencing_floor_outlives_pruned_rows() -> None:
             assert lock is not None
             fences.append(lock.fencing_token)
             await lock.release()
-        # Age the released row past the prune delay, as ten minutes would.
-        server.sql(f"UPDATE {prefix}_leases SET expires = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR;")
+        assert fences == sorted(set(fences))
+        # Age the released row past the prune delay, as an hour would: its
+        # grants an hour back, its tokens the clock's then.
+        hour = 3600 * 10**6
+        server.sql(
+            f"UPDATE {prefix}_leases SET expires = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR,"
+            f" fence = fence - {hour};"
+        )
         assert await locks.store.prune(keep_runs=10) >= 1
         assert server.sql(f"SELECT COUNT(*) FROM {prefix}_leases;").strip() == "0"
         again = await locks.acquire("pruned", ttl=5)
         assert again is not None and again.fencing_token > max(fences)
+
+
+async def test_a_new_name_starts_at_the_servers_clock_and_prune_keeps_a_row_ahead_of_it() -> None:
+    """No floor is read per acquire: a name without a row starts at the
+    server's clock in µs, and a row whose token is ahead of that clock (the
+    clock stepped back) is not pruned, so its name's tokens keep rising."""
+    server = mariadb_server()
+    prefix = f"ck{uuid.uuid4().hex[:8]}"
+    async with LockService.from_url(f"{server.url()}?prefix={prefix}") as locks:
+        before = await locks.store.server_time()
+        assert before is not None
+        lock = await locks.acquire("clocked", ttl=5)
+        assert lock is not None
+        assert lock.fencing_token >= int(before * 1e6)
+        await lock.release()
+        # As if the clock had been an hour ahead when the row was last granted.
+        ahead = lock.fencing_token + 3600 * 10**6
+        server.sql(
+            f"UPDATE {prefix}_leases SET fence = {ahead},"
+            " expires = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR;"
+        )
+        assert await locks.store.prune(keep_runs=10) == 0
+        again = await locks.acquire("clocked", ttl=5)
+        assert again is not None and again.fencing_token == ahead + 1
 
 
 async def test_a_killed_server_keeps_the_lease_and_the_store_reconnects() -> None:

@@ -42,6 +42,7 @@ from .records import (
     decode,
     encode,
     pause_key,
+    pauses_of,
     request_key,
 )
 
@@ -84,13 +85,7 @@ class Control:
 
     async def pauses(self) -> dict[str, Pause]:
         """The pauses in effect, by task."""
-        entries = await self.board.board(CONTROL)
-        pauses = (
-            decode(Pause, CONTROL, key, value)
-            for key, value in entries.items()
-            if key.startswith(pause_key(""))
-        )
-        return {pause.task: pause for pause in pauses}
+        return pauses_of(await self.board.board(CONTROL))
 
     async def pause(self, task: str, *, reason: str | None = None) -> Pause:
         """Pause ``task`` on every instance until :meth:`resume`."""

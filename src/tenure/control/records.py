@@ -30,6 +30,7 @@ __all__ = (
     "decode",
     "encode",
     "pause_key",
+    "pauses_of",
     "request_key",
 )
 
@@ -126,3 +127,13 @@ def decode(shape: type[R], kind: str, key: str, value: str) -> R:
             f"tenure reads ({shape.__name__}: {exc}); it was written by another version: "
             "remove it, or run the version that wrote it"
         ) from None
+
+
+def pauses_of(entries: dict[str, str]) -> dict[str, Pause]:
+    """The pauses among the entries of a ``control`` board read, by task."""
+    pauses = (
+        decode(Pause, CONTROL, key, value)
+        for key, value in entries.items()
+        if key.startswith(PAUSE)
+    )
+    return {pause.task: pause for pause in pauses}

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 from ..errors import TenureError
 from .records import (
     CONTROL,
-    PAUSE,
     RUN,
     TASKS,
     Pause,
@@ -44,6 +43,7 @@ from .records import (
     decode,
     encode,
     pause_key,
+    pauses_of,
 )
 
 if TYPE_CHECKING:
@@ -140,12 +140,7 @@ class ControlWatch:
         """Read the board once: the pauses; the run requests this instance wins."""
         entries = await self.store.runlog.board(CONTROL)
         self._entries = entries
-        self.paused = {
-            pause.task: pause
-            for key, value in entries.items()
-            if key.startswith(PAUSE)
-            for pause in [decode(Pause, CONTROL, key, value)]
-        }
+        self.paused = pauses_of(entries)
         self.read_once.set()
         served = self._tasks() if self._serving() else {}
         for key, value in entries.items():

@@ -21,7 +21,7 @@ from .._tokens import new_token
 from ..errors import InvalidArgument, StoreUnavailable, TenureError
 from ..lease import LeaseState
 from ..stores.base import Grant
-from ..stores.semaphores import SemaphoreState
+from ..stores.semaphores import Changes, SemaphoreState
 from .lock import Lock
 from .running import Outcome
 
@@ -107,8 +107,9 @@ class Semaphore:
         done = False
         try:
             async with permits.changes(self.name) as changes:
+                changes.follow(token)
                 while True:
-                    permit = await self._attempt(token, ttl, QUEUE_LIFE)
+                    permit = await self._attempt(token, ttl, QUEUE_LIFE, changes)
                     if permit is not None:
                         done = True
                         return permit
@@ -121,7 +122,9 @@ class Semaphore:
             if not done:
                 await self._withdraw(token)
 
-    async def _attempt(self, token: str, ttl: float, queue: float) -> Permit | None:
+    async def _attempt(
+        self, token: str, ttl: float, queue: float, changes: Changes | None = None
+    ) -> Permit | None:
         service = self.service
         sent = time.monotonic()
         try:
@@ -133,6 +136,8 @@ class Semaphore:
                 await self._withdraw(token)
             raise
         if not isinstance(answer, Grant):
+            if answer is not None and changes is not None:
+                changes.queued(answer.ahead)
             return None
         permit = Permit(service, self.name, token, ttl, sent=sent, fence=answer.fencing_token)
         service._held.add(permit)

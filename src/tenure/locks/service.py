@@ -211,6 +211,7 @@ class LockService:
         for lock in list(self._held):
             await self._release_quietly(lock)
         await self._unanswered.settle()
+        await asyncio.gather(*self._background, return_exceptions=True)  # releases under way land
         await asyncio.to_thread(self._renewer.stop)
         self.threads.shutdown()
         if self._owns_store:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from ..errors import ConfigurationError
 
-__all__ = ("check_schema_version", "on_a_thread")
+__all__ = ("Schemed", "check_schema_version", "on_a_thread", "schema_on_a_thread")
 
 
 def on_a_thread(work: Callable[[], Awaitable[None]], name: str) -> None:
@@ -34,6 +35,28 @@ def on_a_thread(work: Callable[[], Awaitable[None]], name: str) -> None:
     thread.join()
     if failed:
         raise failed[0]
+
+
+class Schemed(Protocol):
+    """A store's asyncio transport, as far as making its tables goes."""
+
+    async def ensure_schema(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def schema_on_a_thread(make_transport: Callable[[], Schemed], store: str) -> None:
+    """Create or check the tables from a plain call through a transport of
+    their own (see ``on_a_thread``)."""
+
+    async def ensure() -> None:
+        transport = make_transport()
+        try:
+            await transport.ensure_schema()
+        finally:
+            await transport.aclose()
+
+    on_a_thread(ensure, f"tenure-{store}-schema")
 
 
 def check_schema_version(

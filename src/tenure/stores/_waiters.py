@@ -28,17 +28,31 @@ class Wakeups(Generic[K]):
 
     def __init__(self) -> None:
         self._waiting: dict[K, set[asyncio.Future[None]]] = {}
+        self._owed: dict[asyncio.Future[None], int] = {}
+        """Counted futures: the wake-ups that came once each was already settled."""
 
-    def add(self, key: K, instead_of: asyncio.Future[None] | None = None) -> asyncio.Future[None]:
-        """A new wake-up future for ``key`` (replacing ``instead_of``, a spent one)."""
+    def add(
+        self, key: K, instead_of: asyncio.Future[None] | None = None, *, counted: bool = False
+    ) -> asyncio.Future[None]:
+        """A new wake-up future for ``key`` (replacing ``instead_of``, a spent one).
+        A ``counted`` waiter hears every wake-up: those that came while it was
+        awake settle its next futures, one each."""
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiting = self._waiting.setdefault(key, set())
         waiting.add(woken)
+        owed = 0
         if instead_of is not None:
             waiting.discard(instead_of)
+            owed = self._owed.pop(instead_of, 0)
+            if owed:
+                woken.set_result(None)
+                owed -= 1
+        if counted:
+            self._owed[woken] = owed
         return woken
 
     def remove(self, key: K, woken: asyncio.Future[None]) -> None:
+        self._owed.pop(woken, None)
         waiting = self._waiting.get(key)
         if waiting is not None:
             waiting.discard(woken)
@@ -49,6 +63,8 @@ class Wakeups(Generic[K]):
         for woken in self._waiting.get(key, ()):
             if not woken.done():
                 woken.set_result(None)
+            elif woken in self._owed:
+                self._owed[woken] += 1
 
     def wake_all(self) -> None:
         """The stream failed: every waiter looks again (a spurious wake-up)."""

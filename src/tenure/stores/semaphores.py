@@ -43,20 +43,23 @@ import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._aio import woken_within
-from ..errors import LimitMismatch
+from ..errors import LimitMismatch, StoreUnavailable
+from ._waiters import Wakeups
 from .base import Grant, LeaseInfo, RenewItem
 
 __all__ = (
     "Changes",
+    "Heard",
     "Ledger",
     "Permits",
     "Queued",
     "SemaphoreState",
+    "Turns",
     "local_changes",
     "wake_local",
 )
@@ -83,8 +86,104 @@ class Changes(ABC):
     """Wake-ups for the waiters of one semaphore (see ``Permits.changes``)."""
 
     @abstractmethod
-    async def wait(self, timeout: float) -> None:
-        """Return when a permit may have freed, or after ``timeout`` seconds."""
+    async def wait(self, timeout: float) -> bool:
+        """Return when a permit may have freed (True), or after ``timeout`` seconds
+        (False)."""
+
+    def follow(self, token: str) -> None:  # noqa: B027 (a hint most feeds ignore)
+        """The waiter's token: a feed that reads the semaphore's state may then
+        return from ``wait`` only when this waiter could be granted, rather than
+        at every change (which would have every waiter call the store at every
+        release, though only the first in the queue can be granted)."""
+
+    def queued(self, ahead: int) -> None:  # noqa: B027 (a hint most feeds ignore)
+        """The waiter's last acquire queued it with ``ahead`` waiters in front
+        (``Queued``): a feed that counts releases may then wait for ``ahead + 1``
+        of them before it returns."""
+
+
+class Turns(Changes):
+    """A feed whose waiter counts the changes it hears against its place.
+
+    ``look`` reads the store: whether the waiter could be granted now, and
+    ``needs``, how many releases stand between it and a permit. Each change
+    ``heard`` counts one down; the waiter reads again only when the count
+    runs out, so a release costs the waiter it reaches one read and its
+    acquire, not every waiter a call. Changes heard together may count as
+    one: such a waiter calls at its next keep-alive. A feed that ``polls``
+    also reads when a slice of the wait passes with nothing heard (slices
+    longer the farther back the waiter stands); one that does not returns.
+    """
+
+    polls = False
+
+    def __init__(self) -> None:
+        self.token: str | None = None
+        self.needs = 1
+        """Releases this waiter needs before it can be granted, as last read."""
+
+    def follow(self, token: str) -> None:
+        self.token = token
+
+    def queued(self, ahead: int) -> None:
+        self.needs = ahead + 1
+
+    @abstractmethod
+    async def heard(self, timeout: float) -> bool:
+        """Wait for a change, at most ``timeout`` seconds; whether one came."""
+
+    @abstractmethod
+    async def look(self) -> bool:
+        """Read the store: whether to return from the wait (and set ``needs``)."""
+
+    def slice(self, left: float) -> float:
+        """How long to listen before reading anyway (a feed that ``polls``)."""
+        return left
+
+    async def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if await self.heard(self.slice(left)):
+                if self.token is None:
+                    return True
+                self.needs -= 1
+                if self.needs > 0:
+                    continue  # not yet this waiter's turn: no read
+            elif not self.polls:
+                return False
+            try:
+                if await self.look():
+                    return True
+            except StoreUnavailable:
+                return True  # the next acquire says so, if it lasts
+
+
+class Heard(Turns):
+    """Releases heard through the ``key`` of a ``Wakeups`` (a store's one
+    subscription per process), each one (the waiter is ``counted`` there),
+    and nothing read: the count comes from the place the waiter's last
+    acquire answered (``queued``), and the acquire that follows the count's
+    end does the reading. A release the feed does not hear (a permit that
+    lapsed) leaves the waiter to its keep-alive call."""
+
+    def __init__(self, wakeups: Wakeups[Any], key: Hashable) -> None:
+        super().__init__()
+        self.wakeups = wakeups
+        self.key = key
+        self.woken = wakeups.add(key, counted=True)
+
+    async def heard(self, timeout: float) -> bool:
+        try:
+            return await woken_within(self.woken, timeout)
+        finally:
+            if self.woken.done():
+                self.woken = self.wakeups.add(self.key, instead_of=self.woken, counted=True)
+
+    async def look(self) -> bool:
+        return True
 
 
 class Permits(ABC):
@@ -145,10 +244,10 @@ class _Local(Changes):
                 if not entries:
                     del _local[self.key]
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, timeout: float) -> bool:
         assert self.future is not None
         try:
-            await woken_within(self.future, timeout)
+            return await woken_within(self.future, timeout)
         finally:
             self.disarm()
             self.arm()
@@ -249,6 +348,15 @@ class Ledger:
             self.queue = [entry for entry in self.queue if entry[0] != token]
         permit = self.permits.pop(token, None)
         return permit is not None and permit[1] > now
+
+    def reached(self, now: float) -> list[str]:
+        """The tokens of the waiters the free permits reach now: the first
+        ``limit`` minus the live permits, in queue order (a release wakes
+        these, not the ones behind)."""
+        free = self.limit - sum(p[1] > now for p in self.permits.values())
+        if free <= 0:
+            return []
+        return [entry[0] for entry in self.queue if entry[1] > now][:free]
 
     def renew(self, token: str, ttl: float, now: float) -> bool:
         permit = self.permits.get(token)

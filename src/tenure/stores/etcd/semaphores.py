@@ -20,9 +20,11 @@ the queue is the revision order, an idle semaphore takes the caller's limit.
   and a ``LeaseTimeToLive`` per lease).
 * Waiters are woken by the connection's one watch on the deletions under
   ``P/sem/`` (``waiting.watch_deletions``), started before their first
-  acquire, so a release or expiry in any process is heard at once. They call
-  again at least every third of a second anyway (their queue entries live on
-  a short lease), which also covers the moment a broken watch restarts.
+  acquire, so a release or expiry in any process is heard at once; a waiter
+  reads the order again (and calls) only once it has heard as many deletions
+  as stood between it and a permit (``_Freed``). They call again at least
+  every third of a second anyway (their queue entries live on a short lease),
+  which also covers the moment a broken watch restarts.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from aetcd import rpc
 from ..._aio import woken_within
 from ...errors import LimitMismatch, StoreUnavailable
 from ..base import Grant, LeaseInfo, RenewItem
-from ..semaphores import Changes, Permits, Queued, SemaphoreState
+from ..semaphores import Changes, Permits, Queued, SemaphoreState, Turns
 from .grants import Grants
 from .keys import Keys, delete, is_, prefix_end, read
 from .transport import Conn, Transport
@@ -99,15 +101,7 @@ class EtcdPermits(Permits):
             compare=[is_(self.keys.limit(name), "VALUE", value=str(limit).encode())],
             success=[
                 rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease.id)),
-                rpc.RequestOp(
-                    request_range=rpc.RangeRequest(
-                        key=start,
-                        range_end=prefix_end(start),
-                        keys_only=True,
-                        sort_target=rpc.RangeRequest.CREATE,
-                        sort_order=rpc.RangeRequest.ASCEND,
-                    )
-                ),
+                _in_order(start),
             ],
             failure=[read(self.keys.limit(name))],
         )
@@ -208,7 +202,7 @@ class EtcdPermits(Permits):
 
     @contextlib.asynccontextmanager
     async def changes(self, name: str) -> AsyncIterator[Changes]:
-        changes = _Freed(self.transport, self.keys.sems, name)
+        changes = _Freed(self.transport, self.keys, name)
         try:
             # Watching (confirmed) before the first acquire: a release in
             # between is seen.
@@ -255,15 +249,34 @@ class EtcdPermits(Permits):
         return SemaphoreState(name, limit, permits, max(0, len(kvs) - limit))
 
 
-class _Freed(Changes):
-    """A semaphore's released or lapsed keys, seen by its connection's watch."""
+class _Freed(Turns):
+    """A semaphore's released or lapsed keys, seen by its connection's watch:
+    a waiter counts them against its place in the revision order (``Turns``)."""
 
-    def __init__(self, transport: Transport, start: bytes, name: str) -> None:
+    def __init__(self, transport: Transport, keys: Keys, name: str) -> None:
+        super().__init__()
         self.transport = transport
-        self.start = start
+        self.keys = keys
+        self.start = keys.sems
         self.name = name
         self.conn: Conn | None = None
         self.woken: asyncio.Future[None] | None = None
+
+    async def look(self) -> bool:
+        """Whether this waiter's key is among the first ``limit`` by revision
+        now (or gone, or the limit with it: then its acquire says what holds)."""
+        assert self.token is not None
+        order = _in_order(self.keys.permits(self.name))
+        answer = await self.transport.call(
+            "Txn", "kv", rpc.TxnRequest(success=[order, read(self.keys.limit(self.name))])
+        )
+        keys = [kv.key for kv in answer.responses[0].response_range.kvs]
+        limit = answer.responses[1].response_range.kvs
+        mine = self.keys.permit(self.name, self.token)
+        if mine not in keys or not limit:
+            return True
+        self.needs = keys.index(mine) - int(limit[0].value) + 1
+        return self.needs <= 0
 
     async def watch(self) -> None:
         """Wait on the current connection's watch, starting it if need be (on a
@@ -272,14 +285,16 @@ class _Freed(Changes):
         if conn is not self.conn:
             self.forget()
             self.conn, self.woken = conn, conn.freed.wakeups.add(self.name)
+        if not conn.freed.watching:
+            self.needs = 1  # deletions made while no watch ran were not counted
         await watch_deletions(self.transport, conn, conn.freed, self.start, None)
 
-    async def wait(self, timeout: float) -> None:
+    async def heard(self, timeout: float) -> bool:
         with contextlib.suppress(StoreUnavailable):  # the next acquire says so, if it lasts
             await self.watch()
         assert self.conn is not None and self.woken is not None
         try:
-            await woken_within(self.woken, timeout)
+            return await woken_within(self.woken, timeout)
         finally:
             if self.woken.done():
                 self.woken = self.conn.freed.wakeups.add(self.name, instead_of=self.woken)
@@ -287,6 +302,19 @@ class _Freed(Changes):
     def forget(self) -> None:
         if self.conn is not None and self.woken is not None:
             self.conn.freed.wakeups.remove(self.name, self.woken)
+
+
+def _in_order(start: bytes) -> Any:
+    """A read of a semaphore's keys (permits first, then the queue): their order."""
+    return rpc.RequestOp(
+        request_range=rpc.RangeRequest(
+            key=start,
+            range_end=prefix_end(start),
+            keys_only=True,
+            sort_target=rpc.RangeRequest.CREATE,
+            sort_order=rpc.RangeRequest.ASCEND,
+        )
+    )
 
 
 async def _together(call: Any, keep_alive: Any) -> tuple[Any, int]:

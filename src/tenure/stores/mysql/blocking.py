@@ -28,11 +28,10 @@ import pymysql
 
 from ...errors import StoreUnavailable
 from .._retry import once_more_now
-from .._schema import on_a_thread
 from ..base import BlockingLeases, Grant
 from .transport import BROKEN, Transport
 
-__all__ = ("BlockingCalls", "ready_on_a_thread")
+__all__ = ("BlockingCalls",)
 
 Answer = tuple[int, int]
 """A statement's affected rows and insert id."""
@@ -169,16 +168,3 @@ class BlockingCalls(BlockingLeases):
 
 def _closed(exc: BaseException) -> bool:
     return isinstance(exc, _Closed)
-
-
-def ready_on_a_thread(make_transport: Callable[[], Transport]) -> None:
-    """Create or check the tables from a plain call (see ``on_a_thread``)."""
-
-    async def ready() -> None:
-        transport = make_transport()
-        try:
-            await transport.ready()
-        finally:
-            transport.close()
-
-    on_a_thread(ready, "tenure-mysql-schema")

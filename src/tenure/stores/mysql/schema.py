@@ -1,7 +1,7 @@
 """The MySQL/MariaDB store's tables and procedures: their SQL, their creation, their version.
 
 Tables (``<prefix>_*`` in the URL's database, InnoDB): ``meta`` (the schema
-version, the fencing floor), ``leases`` (a row per lock name, kept on
+version), ``leases`` (a row per lock name, kept on
 release; expiry ``DATETIME(6)`` in UTC by the server's clock), ``claims`` and
 ``runs`` (the scheduler's), ``forced`` (audit records), ``semaphores`` (a row
 per semaphore, its ledger as JSON), ``board`` (the control board's entries,
@@ -119,7 +119,7 @@ def tables(names: Names) -> list[str]:
 
 MARK_READY = (
     "INSERT INTO {meta} (k, v) VALUES"
-    f" ('fence_floor', '0'), ('schema_version', '{SCHEMA_VERSION}')"
+    f" ('schema_version', '{SCHEMA_VERSION}')"
     " ON DUPLICATE KEY UPDATE k = k"
 )
 """Written after the tables and procedures: the version says they are all there."""

@@ -9,20 +9,21 @@ call is one atomic step; a semaphore seen for the first time is inserted
 other). A row is never deleted, so a semaphore's fencing counter never goes
 back.
 
-Waiters are woken by releases made in this process at once; releases
-elsewhere, and expiries, they see by reading the row every ``POLL`` seconds
-(MySQL has no LISTEN/NOTIFY): a change of the ledger, or the server's clock
-past a permit's expiry, wakes them.
+MySQL has no LISTEN/NOTIFY: a waiter reads the row (``_Polled``) and calls
+again only when the row says it could be granted, every ``POLL`` seconds
+while one release could reach it and less often the farther back it stands;
+a release made in this process makes the waiters it may have reached read
+at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
+from .._waiters import QUEUE_LIFE
 from ..base import Grant, RenewItem
 from ..semaphores import (
     Changes,
@@ -30,6 +31,7 @@ from ..semaphores import (
     Permits,
     Queued,
     SemaphoreState,
+    Turns,
     local_changes,
     wake_local,
 )
@@ -131,33 +133,57 @@ class MySQLPermits(Permits):
             yield polled
 
 
-class _Polled(Changes):
-    """A semaphore's row read every ``POLL`` seconds, and this process's releases."""
+class _Polled(Turns):
+    """A semaphore's row, read while a waiter waits, and this process's releases.
+
+    A waiter that ``follow``s its token wakes only when the row says it could
+    be granted: the live permits plus the live queue entries ahead of it are
+    fewer than the limit (the rule its next acquire applies). It reads the row
+    every ``POLL`` seconds while one release could reach it, less often the
+    farther back it stands (one ``POLL`` per release it needs, at most a third
+    of ``QUEUE_LIFE``: it calls then anyway), and at once after a release in
+    this process when that release may have been the one it needed. So a
+    release costs the one waiter it reaches an acquire, not every waiter.
+    Without a token, any change of the row wakes it.
+    """
+
+    polls = True
 
     def __init__(self, permits: MySQLPermits, name: str, local: Changes) -> None:
+        super().__init__()
         self.permits = permits
         self.name = name
         self.local = local
         self.seen: str | None = None
 
+    def slice(self, left: float) -> float:
+        return min(left, POLL * max(self.needs, 1), QUEUE_LIFE / 3)
+
+    async def heard(self, timeout: float) -> bool:
+        return await self.local.wait(timeout)
+
     async def look(self) -> bool:
-        """Read the row; whether a permit may have freed since the last look."""
+        """Read the row: whether this waiter could be granted now (without a
+        token: whether a permit may have freed since the last look)."""
         rows = await self.permits.transport.query(self.permits._peek, (self.name,))
         ledger, now = (rows[0][0], int(rows[0][1])) if rows else (None, 0)
+        if self.token is not None:
+            if ledger is None:
+                return True
+            limit, _, permits, queue = json.loads(ledger)
+            if self.token in permits:
+                return True  # granted already: an answer lost on its way
+            live = sum(1 for permit in permits.values() if permit[1] > now)
+            ahead = 0
+            for token, until in queue:
+                if token == self.token:
+                    break
+                ahead += until > now
+            self.needs = live + ahead - limit + 1
+            return self.needs <= 0 or live + ahead == 0
         changed = ledger != self.seen
         self.seen = ledger
         if ledger is not None and not changed:
             permits = json.loads(ledger)[2]
             changed = any(permit[1] <= now for permit in permits.values())
         return changed
-
-    async def wait(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                return
-            woken_at = time.monotonic()
-            await self.local.wait(min(left, POLL))
-            if time.monotonic() - woken_at < POLL * 0.9 or await self.look():
-                return  # woken by a release here, or the row says one may have freed

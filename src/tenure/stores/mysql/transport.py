@@ -223,7 +223,7 @@ class Transport:
             else:
                 conn.close()
 
-    async def ready(self) -> None:
+    async def ensure_schema(self) -> None:
         """Create or check the tables now, unless done already."""
         if not self._ready:
             await self._make_ready()
@@ -252,3 +252,6 @@ class Transport:
         self._closed = True
         while self._idle:
             self._idle.pop().close()
+
+    async def aclose(self) -> None:
+        self.close()

@@ -65,6 +65,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ...errors import ConfigurationError
 from .._gate import Gate
 from .._options import POOL_MAX, check_pool_max, check_timeout, mask, options
+from .._schema import schema_on_a_thread
 from ..base import (
     AcquireItem,
     Finding,
@@ -78,7 +79,7 @@ from ..base import (
     Store,
     evict,
 )
-from .blocking import BlockingCalls, ensure_schema_on_a_thread
+from .blocking import BlockingCalls
 from .listen import Waiting
 from .runlog import PostgresRunLog
 from .schema import MAX_IDENT_BYTES, MAX_PREFIX_BYTES, SCHEMA_VERSION, check_ident, schema_sql
@@ -196,7 +197,7 @@ class PostgresStore(Store, HandsOver, PrintsSchema):
     def _ensure_schema_now(self) -> None:
         with self._schema_guard:  # once, whichever thread asks first
             if not self._shared.schema_ready:
-                ensure_schema_on_a_thread(lambda: self.sibling().transport)
+                schema_on_a_thread(lambda: self.sibling().transport, "postgres")
 
     async def warm_up(self) -> None:
         await self.transport.warm_up()

@@ -28,7 +28,6 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import StoreUnavailable
 from .._retry import once_more_now
-from .._schema import on_a_thread
 from ..base import BlockingLeases, Grant
 from .deadline import InFlight, watch_statements
 from .transport import IDLE, Transport, connect_timeout
@@ -168,19 +167,6 @@ class BlockingCalls(BlockingLeases):
                     thread.start()
                     self._watchdog_thread = thread
         return InFlight(self._statements, conn)
-
-
-def ensure_schema_on_a_thread(make_transport: Callable[[], Transport]) -> None:
-    """Create or check the tables from a plain call (see ``on_a_thread``)."""
-
-    async def ensure() -> None:
-        transport = make_transport()
-        try:
-            await transport.ensure_schema()
-        finally:
-            await transport.aclose()
-
-    on_a_thread(ensure, "tenure-postgres-schema")
 
 
 def _closed(exc: BaseException) -> bool:

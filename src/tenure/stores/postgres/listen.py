@@ -36,7 +36,7 @@ from ..._tokens import new_token
 from ...errors import StoreUnavailable
 from .._waiters import QUEUE_LIFE, Wakeups
 from ..base import Grant, HandedOver
-from ..semaphores import Changes, local_changes
+from ..semaphores import Changes, Heard, local_changes
 from .sql import Statements
 from .transport import Transport
 
@@ -117,7 +117,7 @@ class Waiting:
             async with local_changes(data_key, key) as changes:
                 yield changes
             return
-        heard = _Heard(self._waiting, key)
+        heard = Heard(self._waiting, key)
         try:
             await self._ensure_listening()
             yield heard
@@ -264,19 +264,3 @@ class Waiting:
             self._waiting.wake_all()
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(conn.close())
-
-
-class _Heard(Changes):
-    """The notes of one key, read off the store's LISTEN connection."""
-
-    def __init__(self, waiting: Wakeups[str], key: str) -> None:
-        self.waiting = waiting
-        self.key = key
-        self.woken = waiting.add(key)
-
-    async def wait(self, timeout: float) -> None:
-        try:
-            await woken_within(self.woken, timeout)
-        finally:
-            if self.woken.done():
-                self.woken = self.waiting.add(self.key, instead_of=self.woken)

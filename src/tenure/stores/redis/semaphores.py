@@ -15,10 +15,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from ..._aio import woken_within
 from ...errors import LimitMismatch
 from ..base import Grant, LeaseInfo, RenewItem
-from ..semaphores import Changes, Permits, Queued, SemaphoreState
+from ..semaphores import Changes, Heard, Permits, Queued, SemaphoreState
 from .scripts import Keys, per_slot
 from .transport import Transport, socket_timeout
 from .waiting import Releases
@@ -84,7 +83,7 @@ class RedisPermits(Permits):
     async def changes(self, name: str) -> AsyncIterator[Changes]:
         channel = self.keys.semaphore_channel(name).encode()
         releases = self.releases
-        changes = _Heard(releases, channel)
+        changes = Heard(releases.waiting, channel)
         try:
             # Subscribed (confirmed) before the first acquire: a release in
             # between is heard.
@@ -92,19 +91,3 @@ class RedisPermits(Permits):
             yield changes
         finally:
             releases.forget(channel, changes.woken)
-
-
-class _Heard(Changes):
-    """A semaphore's releases, heard on its channel."""
-
-    def __init__(self, releases: Releases, channel: bytes) -> None:
-        self.releases = releases
-        self.channel = channel
-        self.woken = releases.waiting.add(channel)
-
-    async def wait(self, timeout: float) -> None:
-        try:
-            await woken_within(self.woken, timeout)
-        finally:
-            if self.woken.done():
-                self.woken = self.releases.waiting.add(self.channel, instead_of=self.woken)

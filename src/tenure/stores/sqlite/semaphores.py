@@ -11,9 +11,10 @@ read back exactly as this connection last wrote it is not decoded again.
 
 Expiry is ``CLOCK_MONOTONIC`` nanoseconds, as for leases (a reboot clears the
 permits and waiters, keeping each fencing counter: see ``schema``). Waiters
-are woken as a lock's are, by a datagram (``waiting.Datagrams``): a release
-that leaves waiters queued sends one to each; they also call again at least
-every third of a queue entry's life.
+are woken by a datagram (``waiting.Datagrams``): a release sends one to each
+waiter its freed permits reach (``Ledger.reached``), at an address made from
+that waiter's token, so a release costs the waiters behind nothing; they
+also call again at least every third of a queue entry's life.
 """
 
 from __future__ import annotations
@@ -30,12 +31,9 @@ from typing import Any, TypeVar
 from ..base import Grant, RenewItem
 from ..semaphores import Changes, Ledger, Permits, Queued, SemaphoreState
 from .database import Database
-from .waiting import Datagrams, Notifier
+from .waiting import Datagrams, Notifier, turn_address
 
-__all__ = ("NOTE", "SQLitePermits")
-
-NOTE = "\x1fsem\x1f"
-"""What a semaphore's key in ``<prefix>_waiters`` starts with (no lock name can)."""
+__all__ = ("SQLitePermits",)
 
 T = TypeVar("T")
 
@@ -90,7 +88,6 @@ class SQLitePermits(Permits):
         self.prefix = prefix
         self.data_key = data_key
         self.notifier = notifier
-        self._waiters = f"SELECT addr FROM {prefix}_waiters WHERE name = ?"
         self._local = threading.local()  # this thread's connection, and its _Step
         self._read = f"SELECT ledger FROM {prefix}_semaphores WHERE name = ?"
         change = f"UPDATE {prefix}_semaphores SET ledger = tenure_ledger(name, ledger) "
@@ -156,17 +153,16 @@ class SQLitePermits(Permits):
     async def release(self, name: str, token: str) -> bool:
         now = time.monotonic_ns()
 
-        def release(_: str, ledger: Ledger) -> tuple[bool, bool]:
-            return ledger.release(token, now), bool(ledger.queue)
+        def release(_: str, ledger: Ledger) -> tuple[bool, list[str]]:
+            return ledger.release(token, now), ledger.reached(now)
 
-        released, waited = self._apply((name,), release, create=False).get(name, (False, False))
-        if waited:  # someone is queued: wake them (their socket's address is in the table)
-            rows = self.db.run(self._waiters, (NOTE + name,))
-            self.notifier.notify([row[0] for row in rows])
+        released, reached = self._apply((name,), release, create=False).get(name, (False, []))
+        if reached:  # the waiters the freed permit reaches, at their token's address
+            self.notifier.notify([turn_address(t) for t in reached])
         return bool(released)
 
     def changes(self, name: str) -> contextlib.AbstractAsyncContextManager[Changes]:
-        return _entered(Datagrams(self.db, self.prefix, NOTE + name))
+        return _entered(Datagrams())
 
     async def renew(self, batch: Sequence[RenewItem]) -> list[bool]:
         if not batch:
@@ -195,5 +191,7 @@ class SQLitePermits(Permits):
 
 @contextlib.asynccontextmanager
 async def _entered(datagrams: Datagrams) -> AsyncIterator[Changes]:
-    with datagrams:
+    try:
         yield datagrams
+    finally:
+        datagrams.close()

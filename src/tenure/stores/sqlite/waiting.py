@@ -3,16 +3,18 @@
 A waiter binds a unix datagram socket in Linux's abstract namespace and
 registers its address in ``<prefix>_waiters``; the release statement returns
 the registered addresses and the releaser sends each one a datagram. A
-semaphore's waiters register the same way, under the semaphore's key
-(``Datagrams``), and a permit's release that leaves waiters queued sends theirs. A waiter
-also wakes when the current lease expires. On systems without abstract
-sockets, waiters poll every 10 ms instead.
+waiter also wakes when the current lease expires. A semaphore's waiter
+registers nothing: it listens at an address made from its token
+(``Datagrams``), and a permit's release sends a datagram to the waiters
+its freed permits reach, whose tokens the ledger holds. On systems without
+abstract sockets, waiters poll every 10 ms instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 import socket
@@ -26,12 +28,11 @@ from .database import Database
 if TYPE_CHECKING:
     from .leases import Statements
 
-__all__ = ("ABSTRACT_SOCKETS", "Datagrams", "Notifier", "wait_released")
+__all__ = ("ABSTRACT_SOCKETS", "Datagrams", "Notifier", "turn_address", "wait_released")
 
 ABSTRACT_SOCKETS = sys.platform.startswith("linux")
 _POLL_FALLBACK = 0.010
 _FAR_FUTURE_NS = 2**62
-_REGISTERED_NS = 3600 * 10**9
 
 
 class Notifier:
@@ -61,46 +62,50 @@ class Notifier:
             self._sender = None
 
 
-class Datagrams(Changes):
-    """A semaphore's wake-ups (``Permits.changes``): a socket registered in
-    ``<prefix>_waiters`` under the semaphore's key while entered."""
+def turn_address(token: str) -> str:
+    """The socket a semaphore waiter listens on for its turn: named by a
+    digest of its token (abstract socket names are visible to the host's
+    users; the token is not), so that a release can reach it without a read."""
+    return "tenure-turn-" + hashlib.sha256(token.encode()).hexdigest()[:32]
 
-    def __init__(self, db: Database, prefix: str, key: str) -> None:
-        self.db = db
-        self.prefix = prefix
-        self.key = key
-        self.address = f"tenure-{os.getpid()}-{secrets.token_hex(8)}"
+
+class Datagrams(Changes):
+    """A semaphore waiter's wake-ups (``Permits.changes``): a release sends a
+    datagram only to the waiters its freed permits reach, at the address
+    ``turn_address`` of each one's token (bound once the waiter ``follow``s
+    its token), so every datagram means "your turn may have come"."""
+
+    def __init__(self) -> None:
         self.sock: socket.socket | None = None
 
-    def __enter__(self) -> Datagrams:
-        if ABSTRACT_SOCKETS:
+    def follow(self, token: str) -> None:
+        if ABSTRACT_SOCKETS and self.sock is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.bind("\0" + self.address)
-            self.sock = sock
-            # Pruned an hour on if its process died without taking it back; a
-            # waiter that waits longer still calls again, just unwoken.
-            self.db.run(
-                f"INSERT INTO {self.prefix}_waiters (addr, name, until) VALUES (?, ?, ?)",
-                (self.address, self.key, time.monotonic_ns() + _REGISTERED_NS),
-            )
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.sock is not None:
             try:
-                self.db.run(f"DELETE FROM {self.prefix}_waiters WHERE addr = ?", (self.address,))
-            finally:
-                self.sock.close()
+                sock.setblocking(False)
+                sock.bind("\0" + turn_address(token))
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
 
-    async def wait(self, timeout: float) -> None:
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    async def wait(self, timeout: float) -> bool:
+        """A datagram (one read, one datagram), or the time ran out."""
         if self.sock is None:
             await asyncio.sleep(min(timeout, _POLL_FALLBACK))
-            return
+            return False
         loop = asyncio.get_running_loop()
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(timeout):  # (wait_for may drop a cancel on 3.11)
                 await loop.sock_recv(self.sock, 16)
+        except TimeoutError:
+            return False
+        return True
 
 
 async def wait_released(db: Database, sql: Statements, name: str, timeout: float) -> None:
