@@ -5,7 +5,8 @@ Modes: ``pass`` forwards; ``delay`` forwards each chunk after ``delay`` seconds;
 ``reset`` closes every connection with a TCP reset and resets new ones;
 ``mute`` forwards what clients send and drops what the server answers (a
 request that ran, whose answer was lost). ``dropped`` counts the bytes a
-blackhole or mute swallowed, so a test can show it bit.
+blackhole or mute swallowed, so a test can show it bit; ``accepted`` counts
+the connections made to it.
 The proxy runs its own event loop on a thread of the test process.
 """
 
@@ -23,6 +24,7 @@ class Proxy:
         self.mode = "pass"
         self.delay = 0.0
         self.dropped = 0
+        self.accepted = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -56,6 +58,7 @@ class Proxy:
         switched.wait(10)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         if self.mode == "reset":
             _reset(writer)
             return

@@ -1,9 +1,11 @@
-"""What only Redis under Sentinel has: its URL, credentials of its own, and
-what ``tenure doctor`` says of its replication. (The contract suite runs on it
+"""What only Redis under Sentinel has: its URL, credentials of its own, how a
+call fails when no sentinel answers, and what ``tenure doctor`` says of its
+replication. (The contract suite runs on it
 too, tests/contract/conftest.py; failovers are in tests/faults.)"""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -13,6 +15,7 @@ from tenure import ConfigurationError, LockService, StoreUnavailable
 from tenure.stores import from_url
 
 from ..conftest import redis_sentinels
+from ..faults.proxy import Proxy
 from ..helpers.procs import ROOT
 from ..sentinel_servers import SERVICE, RedisSentinels, client
 
@@ -91,3 +94,35 @@ async def test_doctor_on_sentinel_names_replication_and_clocks() -> None:
     said = " ".join(shown.stdout.split())  # (wrapped at 80 columns)
     assert "min-replicas-to-write is 1" in said, shown.stdout + shown.stderr
     assert SERVICE in said, "the doctor names the store it checked"
+
+
+async def test_sentinels_that_do_not_answer_are_asked_by_one_connection_only() -> None:
+    """A new connection asks every sentinel for the master, twice (its own retry),
+    each within a share of the timeout; when none answers, the call fails then.
+    The store's retry on a broken connection used to ask them all once more,
+    doubling the wait (two timeouts instead of one)."""
+    servers = redis_sentinels()
+    proxies = [Proxy(port) for port in servers.ports]
+    hosts = ",".join(f"127.0.0.1:{proxy.port}" for proxy in proxies)
+    store = from_url(f"redis+sentinel://{hosts}/{SERVICE}?socket_timeout=1.2&prefix=unanswered")
+    try:
+        for proxy in proxies:
+            proxy.set_mode("blackhole")
+        with pytest.raises(StoreUnavailable) as raised:
+            await store.acquire("anything", "a" * 32, 5, "me")
+        message = str(raised.value)
+        assert "No master found for" in message and "<redis" not in message, message
+        assert message.count("Timeout reading from") == 3, "each sentinel's answer, once"
+        assert all(proxy.dropped > 0 for proxy in proxies), "each sentinel was asked, unanswered"
+        # A connection given up after its timeout, a new one for each question
+        # (counted by each proxy's thread when it gets a turn: waited for).
+        for _ in range(100):
+            if sum(proxy.accepted for proxy in proxies) >= 6:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # and no more than that
+        assert [proxy.accepted for proxy in proxies] == [2, 2, 2]
+    finally:
+        await store.aclose()
+        for proxy in proxies:
+            proxy.close()

@@ -8,6 +8,7 @@ driver's own words.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
 from ..errors import StoreUnavailable
@@ -23,16 +24,23 @@ class Translated:
     included, and costs a third as much.
     """
 
-    __slots__ = ("errors", "where")
+    __slots__ = ("errors", "said", "where")
 
-    def __init__(self, errors: tuple[type[BaseException], ...], where: str) -> None:
+    def __init__(
+        self,
+        errors: tuple[type[BaseException], ...],
+        where: str,
+        said: Callable[[BaseException], str] = str,
+    ) -> None:
         self.errors = errors
         self.where = where
         """The store as messages name it: ``Redis at redis://host:6379/0``."""
+        self.said = said
+        """The driver's words for one of its errors, in a message."""
 
     def unavailable(self, exc: BaseException, what: str = "failed") -> StoreUnavailable:
         """The StoreUnavailable for ``exc`` (the caller raises it ``from exc``)."""
-        return StoreUnavailable(f"{self.where} {what}: {exc}")
+        return StoreUnavailable(f"{self.where} {what}: {self.said(exc)}")
 
     def __enter__(self) -> Translated:
         return self

@@ -22,7 +22,7 @@ from .._gate import Gate
 from .._retry import once_more_now
 from ..base import BlockingLeases, Grant
 from .scripts import SHAS, SOURCES, Keys, evalsha
-from .sentinel import close_sentinels
+from .sentinel import close_sentinels, said
 from .transport import DRIVER_ERRORS, NOT_SERVED_HERE, broken, client, factory_for
 
 __all__ = ("BlockingCalls",)
@@ -43,7 +43,7 @@ class BlockingCalls(BlockingLeases):
         self.keys = keys
         self.gate = gate
         """The store's gate: blocking and asyncio calls share one bound."""
-        self.translated = Translated(DRIVER_ERRORS, gate.what)
+        self.translated = Translated(DRIVER_ERRORS, gate.what, said)
         factory = factory_for(url, cluster, blocking=True)
         self.client: Any = client(factory, url, pool_max, BlockingRetry)
         self._idle: list[Any] = []

@@ -20,17 +20,22 @@ failover's duration). ``diagnose`` checks both.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+import redis.asyncio.sentinel
+import redis.sentinel
+
 from ...errors import ConfigurationError
 from .._options import mask, number
 from ..base import Finding
 
 __all__ = (
+    "NO_MASTER",
     "SCHEME",
     "Target",
     "aclose_sentinels",
@@ -38,6 +43,7 @@ __all__ = (
     "diagnose_replication",
     "is_sentinel",
     "master_client",
+    "said",
 )
 
 SCHEME = "redis+sentinel"
@@ -47,6 +53,23 @@ CLOCK_SKEW_MOST = 0.1
 
 _PASSED_ON = ("socket_timeout", "socket_connect_timeout")
 """Query options given to every connection, the sentinels' included."""
+
+
+NO_MASTER = (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)
+"""No sentinel named a master: every sentinel was asked, twice (the new
+connection's own retry), so asking once more would only double the wait."""
+
+
+def said(exc: BaseException) -> str:
+    """The driver's words for ``exc``; for a master no sentinel named, what
+    each sentinel answered, without redis-py's description of each sentinel's
+    client (a screenful apiece)."""
+    text = str(exc)
+    if not isinstance(exc, NO_MASTER):
+        return text
+    head, _, rest = text.partition(" : ")
+    answers = re.findall(r"> - (.*?)(?=, <redis\.|$)", rest)
+    return f"{head}; the sentinels: {'; '.join(answers)}" if answers else head
 
 
 def is_sentinel(url: str) -> bool:

@@ -57,7 +57,7 @@ from . import sentinel
 from .cancels import cancel_requests, raise_swallowed_cancel
 from .scripts import SHAS, SOURCES, evalsha, packed
 
-__all__ = ("DRIVER_ERRORS", "NOT_SERVED_HERE", "Transport", "client", "factory_for")
+__all__ = ("DRIVER_ERRORS", "NOT_SERVED_HERE", "Transport", "broken", "client", "factory_for")
 
 T = TypeVar("T")
 
@@ -118,7 +118,7 @@ def socket_timeout(url: str) -> float:
 
 def broken(exc: BaseException) -> bool:
     """A connection the server closed: nothing of the command ran."""
-    return isinstance(exc, RedisConnectionError)
+    return isinstance(exc, RedisConnectionError) and not isinstance(exc, sentinel.NO_MASTER)
 
 
 class _Lane:
@@ -140,7 +140,7 @@ class Transport:
         self.url = url
         self.cluster = cluster
         self.pool_max = pool_max
-        self.translated = Translated(DRIVER_ERRORS, f"Redis at {mask(url)}")
+        self.translated = Translated(DRIVER_ERRORS, f"Redis at {mask(url)}", sentinel.said)
         self.gate = Gate(pool_max, socket_timeout(url), what=f"Redis at {mask(url)}")
         """The bound on this store's commands in flight (see ``stores._gate``)."""
         self.client: Any = client(factory_for(url, cluster, blocking=False), url, pool_max)
