@@ -91,6 +91,33 @@ async def test_reading_held_past_the_deadline_only_computes_it(tmp_path: Path) -
     assert [(e.kind, e.detail) for e, _ in seen] == [("acquired", None), ("released", "lost")]
 
 
+async def test_a_release_while_another_thread_says_the_loss_comes_second(
+    tmp_path: Path,
+) -> None:
+    """The renewer's thread finds the loss and says it (its log line, then the
+    hooks); a release woken by the loss meanwhile waits for that, so that its
+    event follows the loss's (a tracer ends the hold span with the reason)."""
+    seen: list[tuple[EventKind, str | None]] = []
+    saying = threading.Event()
+
+    def slow_on_loss(event: Event) -> None:
+        if event.kind == EventKind.LOST:
+            saying.set()
+            time.sleep(0.3)  # a slow hook: the release arrives in the middle
+        seen.append((event.kind, event.detail))
+
+    async with LockService.from_url(sqlite_url(tmp_path)) as locks:
+        locks.subscribe(slow_on_loss)
+        lock = await locks.acquire("said", ttl=TTL)
+        assert lock is not None
+        assert await locks.force_release("said") is not None
+        await asyncio.wait_for(lock.wait_lost(), 5)
+        assert await asyncio.to_thread(saying.wait, 5), "the renewer's thread is saying it"
+        assert await lock.release() is False
+        kinds = [kind for kind, _ in seen]
+        assert kinds.index(EventKind.LOST) < kinds.index(EventKind.RELEASED), seen
+
+
 async def test_a_failing_hook_is_logged_and_changes_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

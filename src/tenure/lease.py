@@ -50,6 +50,10 @@ HANDOVER_GRACE = 1.0
 """Seconds a lease handed over by a release is trusted locally (past the safety
 margin) before its new holder's first renewal must have been confirmed."""
 
+SAY_WAIT = 1.0
+"""Seconds a release waits at most for another thread to finish saying the
+lock's loss (a log line and the event hooks), so that its event comes second."""
+
 
 def handover_lease(ttl: float) -> float:
     """How long a lease that a release hands to a queued waiter lasts unrenewed.
@@ -88,6 +92,7 @@ class LeaseState:
         "on_lost",
         "released",
         "renew_at",
+        "saying",
         "token",
         "ttl",
         "unsaid",
@@ -118,6 +123,7 @@ class LeaseState:
         self.released = False
         self.loss: str | None = None
         self.unsaid = False  # a loss whose log line and on_lost are still to come
+        self.saying: tuple[int, threading.Event] | None = None  # who says it; set once said
         self.waiters: list[_Waiter] | None = None  # made by the first loss waiter
 
     def alive(self) -> bool:
@@ -138,13 +144,26 @@ class LeaseState:
     def say_lost(self) -> None:
         """Say the loss (its log line, ``on_lost``) once, whichever thread comes
         first: the one that found it, or a release of the lock, which a waiter
-        the loss woke may make before that thread gets here. The release's
-        event then follows the loss's, as it happened."""
+        the loss woke may make before that thread gets here. A release that
+        finds another thread saying it waits until it is said (at most
+        ``SAY_WAIT``), so that the release's event follows the loss's, as it
+        happened."""
         with self.guard:
             reason = self.loss if self.unsaid else None
             self.unsaid = False
+            if reason is not None:
+                self.saying = (threading.get_ident(), threading.Event())
+            saying = self.saying
+        if saying is None:
+            return
+        sayer, said = saying
         if reason is not None:
-            self._lost(reason)
+            try:
+                self._lost(reason)
+            finally:
+                said.set()
+        elif sayer != threading.get_ident():  # (an on_lost that releases: no wait for itself)
+            said.wait(SAY_WAIT)
 
     def _lost(self, reason: str) -> None:
         # Outside the guard, which every lease of the service shares: a log
