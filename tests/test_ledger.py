@@ -1,5 +1,6 @@
 """The semaphore rules' ``Ledger.reached``: which waiters a release wakes
-(the SQLite store sends its datagrams to these alone)."""
+(the SQLite store sends its datagrams to these alone); and ``Ledger.needs``:
+how many releases a waiter still needs (MySQL's polling waiters read it)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,15 @@ def test_lapsed_permits_free_places_and_lapsed_waiters_are_passed_over() -> None
     assert ledger.reached(now=150) == ["w2"]
     assert ledger.release("p2", now=150)
     assert ledger.reached(now=150) == ["w2", "w3"]
+
+
+def test_needs_counts_the_releases_between_a_waiter_and_a_permit() -> None:
+    now = 100.0
+    ledger = Ledger(2, 7, {"a": ["h", now + 5, 6, 0.0], "b": ["h", now - 1, 7, 0.0]}, [])
+    ledger.queue = [["w1", now + 5], ["gone", now - 1], ["w2", now + 5], ["w3", now + 5]]
+    # One live permit of two: w1 is reached now, w2 needs one release, w3 two.
+    assert [ledger.needs(t, now) for t in ("w1", "w2", "w3")] == [0, 1, 2]
+    assert ledger.needs("a", now) == 0, "a permit held already"
+    assert Ledger().needs("first", now) == 0, "an idle semaphore takes the caller's limit"
+    # The same rule from the release's side: the tokens a freed permit reaches.
+    assert ledger.reached(now) == ["w1"]

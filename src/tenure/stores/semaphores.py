@@ -349,6 +349,15 @@ class Ledger:
         permit = self.permits.pop(token, None)
         return permit is not None and permit[1] > now
 
+    def needs(self, token: str, now: float) -> int:
+        """Releases between ``token``'s waiter and a permit (0 or less: granted now)."""
+        if token in self.permits:
+            return 0
+        live = sum(p[1] > now for p in self.permits.values())
+        mine = next((i for i, e in enumerate(self.queue) if e[0] == token), len(self.queue))
+        ahead = sum(e[1] > now for e in self.queue[:mine])
+        return live + ahead - self.limit + 1 if live + ahead else 0  # idle: takes its limit
+
     def reached(self, now: float) -> list[str]:
         """The tokens of the waiters the free permits reach now: the first
         ``limit`` minus the live permits, in queue order (a release wakes

@@ -170,17 +170,9 @@ class _Polled(Turns):
         if self.token is not None:
             if ledger is None:
                 return True
-            limit, _, permits, queue = json.loads(ledger)
-            if self.token in permits:
-                return True  # granted already: an answer lost on its way
-            live = sum(1 for permit in permits.values() if permit[1] > now)
-            ahead = 0
-            for token, until in queue:
-                if token == self.token:
-                    break
-                ahead += until > now
-            self.needs = live + ahead - limit + 1
-            return self.needs <= 0 or live + ahead == 0
+            # (A permit held already is an answer lost on its way: 0 too.)
+            self.needs = Ledger.load(json.loads(ledger)).needs(self.token, now)
+            return self.needs <= 0
         changed = ledger != self.seen
         self.seen = ledger
         if ledger is not None and not changed:
