@@ -360,6 +360,44 @@ async def test_through_pgbouncer_in_transaction_pooling_mode() -> None:
         bouncer.stop()
 
 
+async def test_a_waiter_whose_listen_connection_is_cut_listens_again_and_is_handed_the_lock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = postgres_server()
+    prefix = _prefix()
+    url = f"{server.url()}?prefix={prefix}"
+    listening = (
+        "FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        f" AND query = 'LISTEN \"{prefix}_released\"'"
+    )
+    caplog.set_level("DEBUG", logger="tenure.stores.postgres")
+    async with LockService.from_url(url) as one, LockService.from_url(url) as two:
+        lock = await one.acquire("cut", ttl=30)
+        assert lock is not None
+        waiting = asyncio.ensure_future(two.acquire("cut", ttl=30, wait=20))
+        for _ in range(100):
+            if server.psql(f"SELECT pid {listening}").strip():
+                break
+            await asyncio.sleep(0.05)
+        first = server.psql(f"SELECT pid {listening}").split()
+        assert len(first) == 1, "the waiter is listening"
+        assert server.psql(f"SELECT pg_terminate_backend(pid) {listening}").strip() == "t"
+        # The cut wakes the waiter, which listens again on a new connection.
+        again: list[str] = []
+        for _ in range(100):
+            again = server.psql(f"SELECT pid {listening}").split()
+            if again and again != first:
+                break
+            await asyncio.sleep(0.05)
+        assert again and again != first, "a new LISTEN connection after the cut"
+        assert "LISTEN connection failed" in caplog.text
+        assert not waiting.done()
+        await lock.release()
+        handed = await waiting
+        assert handed is not None and handed.fencing_token > lock.fencing_token
+        await handed.release()
+
+
 HOSTILE_NAMES = [
     "it's",
     'say "hi"',

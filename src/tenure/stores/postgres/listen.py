@@ -246,21 +246,50 @@ class Waiting:
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Read the LISTEN connection and wake the waiters of each released name;
-        a hand-over note also tells its waiter the grant (see ``_sql_release``)."""
+        a hand-over note also tells its waiter the grant (see ``_sql_release``).
+
+        The notes are read in the event loop's own reader callback, through
+        libpq (``pgconn``), rather than with ``conn.notifies()``: that waits
+        for each note through a task of its own and hands it over several
+        loop turns after it arrived, which a handoff would wait for too."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        pgconn = conn.pgconn
+        encoding = conn.info.encoding
+        fd = conn.fileno()
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()
+                while (note := pgconn.notifies()) is not None:
+                    self._heard(note.extra.decode(encoding))
+            except psycopg.Error as exc:  # the connection failed or was closed
+                loop.remove_reader(fd)
+                if not ended.done():
+                    ended.set_exception(exc)
+
         try:
-            async for note in conn.notifies():
-                name, *handed = note.payload.split("\t")
-                if handed:
-                    waiter, fence, since = handed
-                    granted = self._handed.get(waiter)
-                    if granted is not None and not granted.done():
-                        granted.set_result((int(fence), int(since)))
-                self._waiting.wake(name)
+            # Notes psycopg read while it ran the LISTEN, then ours.
+            async for note in conn.notifies(timeout=0):
+                self._heard(note.payload)
+            loop.add_reader(fd, readable)
+            readable()  # what libpq holds already, unread
+            await ended
         except psycopg.Error as exc:
             log.debug("the PostgreSQL LISTEN connection failed, waiters re-check: %s", exc)
         finally:
+            loop.remove_reader(fd)
             # Whatever ended it, every waiter wakes to re-check; the next wait
             # opens a new connection.
             self._waiting.wake_all()
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(conn.close())
+
+    def _heard(self, payload: str) -> None:
+        name, *handed = payload.split("\t")
+        if handed:
+            waiter, fence, since = handed
+            granted = self._handed.get(waiter)
+            if granted is not None and not granted.done():
+                granted.set_result((int(fence), int(since)))
+        self._waiting.wake(name)
