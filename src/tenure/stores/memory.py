@@ -58,7 +58,8 @@ class MemoryStore(Store):
         self._fences: dict[str, int] = {}
         self._waiters: dict[str, list[_Waiter]] = {}
         self._claims: dict[str, tuple[float, str]] = {}
-        self._runs: dict[str, RunRecord] = {}
+        self._runs: dict[str, dict[str, RunRecord]] = {}
+        """Run records by task, then run id: a record's keep-the-last-N looks at its task's only."""
         self._plain = _PlainCalls(self)
         self._runlog = _MemoryRunLog(self)
         self._semaphores = _MemoryPermits(self)
@@ -169,14 +170,8 @@ class MemoryStore(Store):
             for name in [n for n, lease in self._leases.items() if lease.expires <= now]:
                 del self._leases[name]
                 removed += 1
-            per_task: dict[str, list[RunRecord]] = {}
-            for record in self._runs.values():
-                per_task.setdefault(record.task, []).append(record)
-            for records in per_task.values():
-                records.sort(key=lambda r: r.started, reverse=True)
-                for old in records[keep_runs:]:
-                    del self._runs[old.run_id]
-                    removed += 1
+            for runs in self._runs.values():
+                removed += _keep_latest(runs, keep_runs)
         return removed
 
 
@@ -291,19 +286,17 @@ class _MemoryRunLog(RunLog):
         store = self._store
         with store._mutex:
             for record in records:
-                store._runs[record.run_id] = record
-                mine = sorted(
-                    (r for r in store._runs.values() if r.task == record.task),
-                    key=lambda r: r.started,
-                    reverse=True,
-                )
-                for old in mine[keep:]:
-                    del store._runs[old.run_id]
+                runs = store._runs.setdefault(record.task, {})
+                runs[record.run_id] = record
+                _keep_latest(runs, keep)
 
     async def stored_runs(self, task: str | None = None, limit: int = 50) -> list[RunRecord]:
         store = self._store
         with store._mutex:
-            chosen = [r for r in store._runs.values() if task is None or r.task == task]
+            if task is None:
+                chosen = [r for runs in store._runs.values() for r in runs.values()]
+            else:
+                chosen = list(store._runs.get(task, {}).values())
         chosen.sort(key=lambda r: r.started, reverse=True)
         return chosen[:limit]
 
@@ -312,9 +305,10 @@ class _MemoryRunLog(RunLog):
         written = 0
         with store._mutex:
             for record in records:
-                stored = store._runs.get(record.run_id)
+                runs = store._runs.get(record.task, {})
+                stored = runs.get(record.run_id)
                 if stored is not None and stored.outcome == RunOutcome.RUNNING:
-                    store._runs[record.run_id] = record
+                    runs[record.run_id] = record
                     written += 1
         return written
 
@@ -347,3 +341,13 @@ class _MemoryRunLog(RunLog):
     async def board_put(self, kind: str, values: Mapping[str, str]) -> None:
         with self._store._mutex:
             self._board.setdefault(kind, {}).update(values)
+
+
+def _keep_latest(runs: dict[str, RunRecord], keep: int) -> int:
+    """Drop all but the ``keep`` latest started of one task's runs; how many went."""
+    if len(runs) <= keep:
+        return 0
+    ordered = sorted(runs.values(), key=lambda r: r.started, reverse=True)
+    for old in ordered[keep:]:
+        del runs[old.run_id]
+    return len(ordered) - keep
