@@ -398,6 +398,39 @@ async def test_a_waiter_whose_listen_connection_is_cut_listens_again_and_is_hand
         await handed.release()
 
 
+async def test_notes_of_another_shape_on_the_channel_do_not_stop_the_listener(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = postgres_server()
+    prefix = _prefix()
+    url = f"{server.url()}?prefix={prefix}"
+    async with LockService.from_url(url) as one, LockService.from_url(url) as two:
+        lock = await one.acquire("odd", ttl=30)
+        assert lock is not None
+        waiting = asyncio.ensure_future(two.acquire("odd", ttl=30, wait=20))
+        listening = f"SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN \"{prefix}_released\"'"
+        queued = f"SELECT next_waiter FROM {prefix}_leases WHERE name = 'odd'"
+        for _ in range(100):
+            if server.psql(listening).strip() and server.psql(queued).strip():
+                break
+            await asyncio.sleep(0.05)
+        listener, waiter = server.psql(listening).split(), server.psql(queued).strip()
+        assert len(listener) == 1 and waiter, "the waiter listens and is queued"
+        # Someone else's NOTIFYs on tenure's channel: a grant's shape for this
+        # very waiter with words for numbers, too few fields, too many, none.
+        for payload in (f"odd\\t{waiter}\\tx\\ty", "odd\\tw", "odd\\ta\\tb\\tc\\td", ""):
+            server.psql(f"NOTIFY \"{prefix}_released\", E'{payload}'")
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        assert server.psql(listening).split() == listener, "the same LISTEN connection"
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert not errors, "nothing failed reading them"
+        await lock.release()
+        handed = await waiting
+        assert handed is not None and handed.fencing_token > lock.fencing_token
+        await handed.release()
+
+
 HOSTILE_NAMES = [
     "it's",
     'say "hi"',

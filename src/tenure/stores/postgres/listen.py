@@ -286,10 +286,14 @@ class Waiting:
                 await asyncio.shield(conn.close())
 
     def _heard(self, payload: str) -> None:
+        """One note: the released name, and for a hand-over its waiter, fence
+        and the ms since the waiter queued. A note of another shape (someone
+        else's NOTIFY on the channel) only wakes the name's waiters, who look."""
         name, *handed = payload.split("\t")
-        if handed:
+        if len(handed) == 3:
             waiter, fence, since = handed
             granted = self._handed.get(waiter)
             if granted is not None and not granted.done():
-                granted.set_result((int(fence), int(since)))
+                with contextlib.suppress(ValueError):
+                    granted.set_result((int(fence), int(since)))
         self._waiting.wake(name)
