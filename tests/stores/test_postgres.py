@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from tenure import ConfigurationError, LockService, StoreUnavailable, sync
+from tenure import ConfigurationError, Lock, LockService, StoreUnavailable, sync
 from tenure.stores.base import RenewItem
 from tenure.stores.postgres import SCHEMA_VERSION, PostgresStore
 from tenure.stores.postgres.blocking import BlockingCalls
@@ -360,75 +361,76 @@ async def test_through_pgbouncer_in_transaction_pooling_mode() -> None:
         bouncer.stop()
 
 
-async def test_a_waiter_whose_listen_connection_is_cut_listens_again_and_is_handed_the_lock(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def _listeners(server: PostgresServer, prefix: str) -> list[str]:
+    """The backends that LISTEN on a store's channel (pids)."""
+    return server.psql(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        f" AND query = 'LISTEN \"{prefix}_released\"'"
+    ).split()
+
+
+async def _until(check: Callable[[], object]) -> None:
+    for _ in range(100):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _held_and_awaited(
+    name: str,
+) -> AsyncIterator[tuple[PostgresServer, str, Lock, asyncio.Future[Lock | None]]]:
+    """One service holds ``name``, another's waiter is queued for it and
+    listening; on leaving, the release hands it over."""
     server = postgres_server()
     prefix = _prefix()
     url = f"{server.url()}?prefix={prefix}"
-    listening = (
-        "FROM pg_stat_activity WHERE backend_type = 'client backend'"
-        f" AND query = 'LISTEN \"{prefix}_released\"'"
-    )
-    caplog.set_level("DEBUG", logger="tenure.stores.postgres")
     async with LockService.from_url(url) as one, LockService.from_url(url) as two:
-        lock = await one.acquire("cut", ttl=30)
+        lock = await one.acquire(name, ttl=30)
         assert lock is not None
-        waiting = asyncio.ensure_future(two.acquire("cut", ttl=30, wait=20))
-        for _ in range(100):
-            if server.psql(f"SELECT pid {listening}").strip():
-                break
-            await asyncio.sleep(0.05)
-        first = server.psql(f"SELECT pid {listening}").split()
-        assert len(first) == 1, "the waiter is listening"
-        assert server.psql(f"SELECT pg_terminate_backend(pid) {listening}").strip() == "t"
-        # The cut wakes the waiter, which listens again on a new connection.
-        again: list[str] = []
-        for _ in range(100):
-            again = server.psql(f"SELECT pid {listening}").split()
-            if again and again != first:
-                break
-            await asyncio.sleep(0.05)
-        assert again and again != first, "a new LISTEN connection after the cut"
-        assert "LISTEN connection failed" in caplog.text
+        waiting = asyncio.ensure_future(two.acquire(name, ttl=30, wait=20))
+        queued = f"SELECT next_waiter FROM {prefix}_leases WHERE name = '{name}'"
+        await _until(lambda: _listeners(server, prefix) and server.psql(queued).strip())
+        assert len(_listeners(server, prefix)) == 1, "the waiter listens"
+        assert server.psql(queued).strip(), "the waiter is queued"
+        yield server, prefix, lock, waiting
         assert not waiting.done()
         await lock.release()
         handed = await waiting
         assert handed is not None and handed.fencing_token > lock.fencing_token
         await handed.release()
+
+
+async def test_a_waiter_whose_listen_connection_is_cut_listens_again_and_is_handed_the_lock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("DEBUG", logger="tenure.stores.postgres")
+    async with _held_and_awaited("cut") as (server, prefix, _, _):
+        first = _listeners(server, prefix)
+        ended = server.psql(
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = {first[0]}"
+        )
+        assert ended.strip() == "t"
+        # The cut wakes the waiter, which listens again on a new connection.
+        await _until(lambda: _listeners(server, prefix) not in ([], first))
+        assert _listeners(server, prefix) not in ([], first), "a new LISTEN connection"
+        assert "LISTEN connection failed" in caplog.text
 
 
 async def test_notes_of_another_shape_on_the_channel_do_not_stop_the_listener(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server = postgres_server()
-    prefix = _prefix()
-    url = f"{server.url()}?prefix={prefix}"
-    async with LockService.from_url(url) as one, LockService.from_url(url) as two:
-        lock = await one.acquire("odd", ttl=30)
-        assert lock is not None
-        waiting = asyncio.ensure_future(two.acquire("odd", ttl=30, wait=20))
-        listening = f"SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN \"{prefix}_released\"'"
-        queued = f"SELECT next_waiter FROM {prefix}_leases WHERE name = 'odd'"
-        for _ in range(100):
-            if server.psql(listening).strip() and server.psql(queued).strip():
-                break
-            await asyncio.sleep(0.05)
-        listener, waiter = server.psql(listening).split(), server.psql(queued).strip()
-        assert len(listener) == 1 and waiter, "the waiter listens and is queued"
+    async with _held_and_awaited("odd") as (server, prefix, _, _):
+        listener = _listeners(server, prefix)
+        waiter = server.psql(f"SELECT next_waiter FROM {prefix}_leases WHERE name = 'odd'")
         # Someone else's NOTIFYs on tenure's channel: a grant's shape for this
         # very waiter with words for numbers, too few fields, too many, none.
-        for payload in (f"odd\\t{waiter}\\tx\\ty", "odd\\tw", "odd\\ta\\tb\\tc\\td", ""):
+        for payload in (f"odd\\t{waiter.strip()}\\tx\\ty", "odd\\tw", "odd\\ta\\tb\\tc\\td", ""):
             server.psql(f"NOTIFY \"{prefix}_released\", E'{payload}'")
         await asyncio.sleep(0.3)
-        assert not waiting.done()
-        assert server.psql(listening).split() == listener, "the same LISTEN connection"
+        assert _listeners(server, prefix) == listener, "the same LISTEN connection"
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert not errors, "nothing failed reading them"
-        await lock.release()
-        handed = await waiting
-        assert handed is not None and handed.fencing_token > lock.fencing_token
-        await handed.release()
 
 
 HOSTILE_NAMES = [
