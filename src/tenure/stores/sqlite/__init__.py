@@ -78,7 +78,7 @@ from ..base import (
 from . import doctor, waiting
 from .database import Database
 from .leases import PlainCalls, Statements
-from .runlog import SQLiteRunLog
+from .runlog import SQLiteRunLog, keep_latest
 from .schema import APPLICATION_ID, PAGE_SIZE, SCHEMA_VERSION
 from .semaphores import SQLitePermits
 from .waiting import Notifier
@@ -263,12 +263,8 @@ class SQLiteStore(Store):
                 )
                 removed = conn.execute(f"DELETE FROM {p}_leases WHERE {dead}").rowcount
                 removed += conn.execute(f"DELETE FROM {p}_waiters WHERE until < ?", (now,)).rowcount
-                removed += conn.execute(
-                    f"DELETE FROM {p}_runs WHERE run_id IN (SELECT run_id FROM (SELECT run_id,"
-                    " row_number() OVER (PARTITION BY task ORDER BY started DESC) AS n"
-                    f" FROM {p}_runs) WHERE n > ?)",
-                    (keep_runs,),
-                ).rowcount
+                every_task = f"(SELECT DISTINCT task AS value FROM {p}_runs)"
+                removed += conn.execute(keep_latest(p, every_task), {"keep": keep_runs}).rowcount
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

@@ -14,7 +14,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +143,17 @@ class Database:
                 raise self.failed(exc) from exc
             raise
 
-    def run(self, sql: str, params: Sequence[object]) -> list[Any]:
+    def run(self, sql: str, params: Sequence[object] | Mapping[str, object]) -> list[Any]:
         try:
             return self.cursor().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self.failed(exc) from exc
+
+    def run_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        """One statement for each of ``rows`` (``executemany``: bound in C, no
+        JSON to parse per row)."""
+        try:
+            self.cursor().executemany(sql, rows)
         except sqlite3.Error as exc:
             raise self.failed(exc) from exc
 

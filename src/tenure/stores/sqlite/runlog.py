@@ -25,7 +25,7 @@ from .database import Database
 if TYPE_CHECKING:
     from . import SQLiteStore
 
-__all__ = ("SQLiteRunLog",)
+__all__ = ("SQLiteRunLog", "keep_latest")
 
 
 class SQLiteRunLog(RunLog):
@@ -106,7 +106,7 @@ class SQLiteRunLog(RunLog):
                 if record.task in fences
             ]
             if records:
-                self.db.run(sql.record_each, (json.dumps(records),))
+                self.db.run_many(sql.record, records)
                 self.db.wrote()
         return [
             Started(
@@ -117,24 +117,17 @@ class SQLiteRunLog(RunLog):
         ]
 
     async def record_runs(self, records: Sequence[RunRecord], *, keep: int) -> None:
+        # Two statements for the batch, not two per record: a tick's final
+        # records held the write lock (and other instances' starts) for
+        # milliseconds of Python per statement.
+        if not records:
+            return
+        ended = sorted({record.task for record in records if record.ended is not None})
         with self.db.transaction():
-            for record in records:
-                self._record(record, keep)
-
-    def _record(self, record: RunRecord, keep: int) -> None:
-        p = self.db.prefix
-        self.db.run(
-            f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
-            " ended, outcome, error, fence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            # The columns are RunRecord's fields, in order; runs() reads them back the same way.
-            record.row(),
-        )
-        if record.ended is not None:
-            self.db.run(
-                f"DELETE FROM {p}_runs WHERE task = ?1 AND started < (SELECT started FROM"
-                f" {p}_runs WHERE task = ?1 ORDER BY started DESC LIMIT 1 OFFSET ?2)",
-                (record.task, keep - 1),
-            )
+            self.db.run_many(self.starts.record, [record.row() for record in records])
+            if ended:
+                self.db.run(self.starts.keep_latest, {"tasks": json.dumps(ended), "keep": keep})
+            self.db.wrote()
 
     async def store_abandoned(self, records: Sequence[RunRecord]) -> int:
         sql = (
@@ -278,9 +271,23 @@ class _StartStatements:
             f" EXISTS (SELECT 1 FROM {p}_waiters AS w WHERE w.name = j.value ->> 0) "
             "FROM json_each(?3) AS j WHERE true ON CONFLICT (name) DO NOTHING RETURNING name, fence"
         )
-        self.record_each = (
+        # The columns are RunRecord's fields, in order; runs() reads them back the same way.
+        self.record = (
             f"INSERT OR REPLACE INTO {p}_runs (run_id, task, fire_time, instance, started,"
-            " ended, outcome, error, fence) SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2,"
-            " j.value ->> 3, j.value ->> 4, j.value ->> 5, j.value ->> 6, j.value ->> 7,"
-            " j.value ->> 8 FROM json_each(?1) AS j"
+            " ended, outcome, error, fence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
+        self.keep_latest = keep_latest(p, "json_each(:tasks)")
+
+
+def keep_latest(prefix: str, tasks: str) -> str:
+    """The DELETE of every run of ``tasks`` (a table of task names in a column
+    ``value``) but each task's ``:keep`` newest: a run goes when it started
+    before the ``:keep``-th newest of its task (so runs that started together
+    stay or go together). The bound is read once per task, through the
+    (task, started) index."""
+    return (
+        f"DELETE FROM {prefix}_runs WHERE run_id IN (SELECT r.run_id FROM {tasks} AS t"
+        f" JOIN {prefix}_runs AS r ON r.task = t.value WHERE r.started < (SELECT o.started"
+        f" FROM {prefix}_runs AS o WHERE o.task = t.value ORDER BY o.started DESC"
+        " LIMIT 1 OFFSET :keep - 1))"
+    )
