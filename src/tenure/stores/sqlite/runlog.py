@@ -237,10 +237,11 @@ class SQLiteRunLog(RunLog):
 
 
 class _StartStatements:
-    """``start_runs``'s statements, each over a JSON array of rows (``json_each``).
-
-    The same rules as a claim, an acquire and a record one by one (``_claim``,
-    ``leases.Statements``, ``_record``); the items' tasks are distinct."""
+    """The statements of a batch: ``start_runs``'s claims and acquires, each
+    over a JSON array of rows (``json_each``), with the same rules as one by
+    one (``_claim``, ``leases.Statements``); a run record, sent for each of a
+    batch's rows (``executemany``), and what each task keeps of its records.
+    A batch's tasks are distinct."""
 
     def __init__(self, prefix: str) -> None:
         p = prefix
