@@ -241,7 +241,7 @@ class _StartStatements:
     over a JSON array of rows (``json_each``), with the same rules as one by
     one (``_claim``, ``leases.Statements``); a run record, sent for each of a
     batch's rows (``executemany``), and what each task keeps of its records.
-    A batch's tasks are distinct."""
+    The tasks of one ``start_runs`` are distinct."""
 
     def __init__(self, prefix: str) -> None:
         p = prefix
