@@ -265,6 +265,14 @@ async def test_record_runs_keeps_the_newest_of_each_task(locks: LockService) -> 
         runs = await store.runlog.runs(task)
         assert [r.run_id for r in runs] == [f"{task}-3", f"{task}-2"]
         assert {r.outcome for r in runs} == {"ran"}
+    # One batch with several ended runs of a task (a manual run and scheduled
+    # ones ending together): the newest two of all its runs stay.
+    together = [
+        RunRecord(f"p-{k}", "p", now + k, "me", now + k, now + k + 0.5, "ran") for k in (4, 6, 5)
+    ]
+    await store.runlog.record_runs(together, keep=2)
+    assert [r.run_id for r in await store.runlog.runs("p")] == ["p-6", "p-5"]
+    assert [r.run_id for r in await store.runlog.runs("q")] == ["q-3", "q-2"]
 
 
 async def test_a_batch_the_store_fails_raises_and_keeps_nothing(
