@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -23,6 +23,7 @@ from tenure.stores.postgres.blocking import BlockingCalls
 
 from ..conftest import postgres_server
 from ..helpers.procs import ROOT
+from ..helpers.until import until
 from ..servers import PgBouncer, PostgresServer
 
 
@@ -369,13 +370,6 @@ def _listeners(server: PostgresServer, prefix: str) -> list[str]:
     ).split()
 
 
-async def _until(check: Callable[[], object]) -> None:
-    for _ in range(100):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def _held_and_awaited(
     name: str,
@@ -390,7 +384,11 @@ async def _held_and_awaited(
         assert lock is not None
         waiting = asyncio.ensure_future(two.acquire(name, ttl=30, wait=20))
         queued = f"SELECT next_waiter FROM {prefix}_leases WHERE name = '{name}'"
-        await _until(lambda: _listeners(server, prefix) and server.psql(queued).strip())
+        await until(
+            lambda: bool(_listeners(server, prefix) and server.psql(queued).strip()),
+            "the waiter listens and is queued",
+            timeout=5.0,
+        )
         assert len(_listeners(server, prefix)) == 1, "the waiter listens"
         assert server.psql(queued).strip(), "the waiter is queued"
         yield server, prefix, lock, waiting
@@ -412,7 +410,11 @@ async def test_a_waiter_whose_listen_connection_is_cut_listens_again_and_is_hand
         )
         assert ended.strip() == "t"
         # The cut wakes the waiter, which listens again on a new connection.
-        await _until(lambda: _listeners(server, prefix) not in ([], first))
+        await until(
+            lambda: _listeners(server, prefix) not in ([], first),
+            "a new LISTEN connection",
+            timeout=5.0,
+        )
         assert _listeners(server, prefix) not in ([], first), "a new LISTEN connection"
         assert "LISTEN connection failed" in caplog.text
 
